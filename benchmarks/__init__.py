@@ -1,0 +1,3 @@
+"""The reference trainers; importing this package registers every benchmark it ships."""
+
+from mlhpc.benchmarks import cosmoflow  # noqa: F401

@@ -1,0 +1,78 @@
+"""CosmoFlow's typed config; `configs/full.yaml` keeps the MLPerf HPC reference values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mlhpc.common.loop import LoopConfig
+
+
+@dataclass(kw_only=True, frozen=True)
+class DataConfig:
+    """The dataset: per-sample numpy files in train/ and validation/."""
+
+    sample_size: int
+    """Edge of the cube in voxels (128 in the real dataset)."""
+    num_channels: int = 4
+    """Channels per voxel (4 redshifts in the real dataset)."""
+    num_train_samples: int
+    """Training samples the generator writes (524,288 in the real dataset)."""
+    num_eval_samples: int
+    """Validation samples the generator writes (65,536 in the real dataset)."""
+    apply_log: bool = True
+    """Feed log(1 + counts) to the model, as the reference does."""
+    loader: Literal["torch", "dali"] = "torch"
+    """torch DataLoader (always works) or DALI's numpy reader (the gpu extra)."""
+    num_workers: int = 0
+    """DataLoader worker processes (DALI threads when loader=dali)."""
+
+    def __post_init__(self) -> None:
+        if self.sample_size < 2:
+            raise ValueError(f"data.sample_size={self.sample_size} must be at least 2")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ModelConfig:
+    """The CosmoFlow 3D CNN."""
+
+    conv_layers: int = 5
+    """Conv + LeakyReLU + max-pool blocks; filters double each block."""
+    base_filters: int = 32
+    """Filters of the first block (32 in the reference: 32, 64, 128, 256, 512)."""
+    kernel_size: int = 3
+    dense_units: tuple[int, ...] = (128, 64)
+    """Hidden fully connected layers before the 4 outputs."""
+    dropout: float = 0.5
+    """Dropout after each hidden dense layer."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class OptimizerConfig:
+    """SGD with momentum, linear LR scaling, linear warm-up and step decays (epochs)."""
+
+    base_learning_rate: float = 0.001
+    """LR at base_batch_size; scaled linearly with the global batch size."""
+    base_batch_size: int = 64
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    warmup_epochs: int = 4
+    """LR rises linearly from base_learning_rate to the scaled LR over these epochs."""
+    decay_boundary_epochs: tuple[int, ...] = (32, 64)
+    decay_factors: tuple[float, ...] = (0.25, 0.125)
+    """Multiplier of the scaled LR from each boundary epoch on."""
+
+    def __post_init__(self) -> None:
+        if len(self.decay_boundary_epochs) != len(self.decay_factors):
+            raise ValueError(
+                f"optimizer.decay_boundary_epochs has {len(self.decay_boundary_epochs)} entries but "
+                f"optimizer.decay_factors has {len(self.decay_factors)}; give one factor per boundary"
+            )
+
+
+@dataclass(kw_only=True, frozen=True)
+class CosmoFlowConfig:
+    data: DataConfig
+    model: ModelConfig
+    optimizer: OptimizerConfig
+    loop: LoopConfig

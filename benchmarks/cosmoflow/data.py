@@ -1,0 +1,226 @@
+"""CosmoFlow data: the per-sample numpy format of the MLPerf HPC PyTorch submissions.
+
+<root>/{train,validation}/<name>_data.npy   (S, S, S, 4) int16 particle counts
+<root>/{train,validation}/<name>_label.npy  (4,) float32 cosmology parameters in [-1, 1]
+<root>/{train,validation}/files_data.lst, files_label.lst   sorted file names, one a line
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
+from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
+from mlhpc.common.distributed import DistContext
+from mlhpc.common.errors import DataError
+from mlhpc.common.loop import to_device
+from mlhpc.common.registry import DataBundle
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+SPLITS = ("train", "validation")
+DATA_LIST = "files_data.lst"
+LABEL_LIST = "files_label.lst"
+DATA_DTYPE = np.dtype("<i2")
+LABEL_DTYPE = np.dtype("<f4")
+
+
+# ---------------------------------------------------------------- synthetic generator
+def synthesize_sample(rng: np.random.Generator, size: int, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """One learnable sample: the 4 targets set the statistics of a log-normal Poisson field.
+
+    All channels share one smooth random structure (as the 4 redshifts of a universe do); each
+    target sets the mean density of one channel and the contrast of another, so a CNN can read it.
+    """
+    theta = rng.uniform(-1.0, 1.0, NUM_TARGETS).astype(np.float32)
+    noise = rng.standard_normal((size, size, size))
+    freq = np.fft.fftfreq(size)
+    half = np.fft.rfftfreq(size)
+    k2 = freq[:, None, None] ** 2 + freq[None, :, None] ** 2 + half[None, None, :] ** 2
+    corr_len = max(1.0, size / 8)
+    smooth = np.fft.irfftn(
+        np.fft.rfftn(noise) * np.exp(-0.5 * k2 * (2 * np.pi * corr_len) ** 2), s=noise.shape
+    )
+    smooth = (smooth - smooth.mean()) / (smooth.std() + 1e-12)  # exact moments: targets stay identifiable
+    # Each target shifts the mean density of one channel and the contrast of the next.
+    target_of_channel = np.arange(channels) % NUM_TARGETS
+    mean = 1.0 + 0.9 * theta[target_of_channel]
+    contrast = 0.5 + 0.25 * theta[(target_of_channel + 1) % NUM_TARGETS]
+    rate = np.exp(mean + contrast * smooth[..., None])
+    counts = np.clip(rng.poisson(rate), 0, np.iinfo(np.int16).max).astype(DATA_DTYPE)
+    return counts, theta.astype(LABEL_DTYPE)
+
+
+def generate(cfg: CosmoFlowConfig, out_dir: Path, num_samples: int | None = None, seed: int = 0) -> Path:
+    """Write train/ and validation/ in the real format; `num_samples` overrides the train count."""
+    out_dir = Path(out_dir)
+    num_train = num_samples if num_samples is not None else cfg.data.num_train_samples
+    ratio = cfg.data.num_eval_samples / cfg.data.num_train_samples
+    num_eval = max(1, round(num_train * ratio)) if num_samples is not None else cfg.data.num_eval_samples
+    for split, count, offset in (("train", num_train, 0), ("validation", num_eval, 1)):
+        split_dir = out_dir / split
+        split_dir.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng([seed, offset])
+        names = []
+        for i in range(count):
+            data, label = synthesize_sample(rng, cfg.data.sample_size, cfg.data.num_channels)
+            name = f"cosmo_synth_{split}_{i:07d}"
+            _save_npy(split_dir / f"{name}_data.npy", data)
+            _save_npy(split_dir / f"{name}_label.npy", label)
+            names.append(name)
+        _write_list(split_dir / DATA_LIST, [f"{n}_data.npy" for n in names])
+        _write_list(split_dir / LABEL_LIST, [f"{n}_label.npy" for n in names])
+    return out_dir
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        np.save(handle, array)
+    tmp.replace(path)
+
+
+def _write_list(path: Path, names: list[str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{n}\n" for n in sorted(names)), encoding="utf-8")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------- validation of files
+def read_file_lists(split_dir: Path) -> list[tuple[Path, Path]]:
+    """(data, label) path pairs of one split, in list order; DataError if the lists are broken."""
+    lists = []
+    for name in (DATA_LIST, LABEL_LIST):
+        path = split_dir / name
+        if not path.is_file():
+            raise DataError(
+                f"{path} is missing; the dataset needs {DATA_LIST} and {LABEL_LIST} in "
+                f"{split_dir} (run `mlhpc generate cosmoflow --out DIR` for synthetic data)"
+            )
+        lists.append(sorted(line.strip() for line in path.read_text().splitlines() if line.strip()))
+    data_names, label_names = lists
+    if len(data_names) != len(label_names):
+        raise DataError(
+            f"{split_dir}: {DATA_LIST} lists {len(data_names)} files but {LABEL_LIST} "
+            f"lists {len(label_names)}; every sample needs both"
+        )
+    if not data_names:
+        raise DataError(f"{split_dir / DATA_LIST} lists no files; regenerate or restage the dataset")
+    return [(split_dir / d, split_dir / lab) for d, lab in zip(data_names, label_names, strict=True)]
+
+
+def check_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """Read only the header and size: wrong shape, wrong dtype or truncation is a DataError."""
+    try:
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                header = np.lib.format.read_array_header_1_0(handle)
+            else:
+                header = np.lib.format.read_array_header_2_0(handle)
+            got_shape, fortran, got_dtype = header
+            offset = handle.tell()
+    except FileNotFoundError as e:
+        raise DataError(f"{path} is listed but missing; regenerate or restage the dataset") from e
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is not a valid .npy file ({e}); regenerate or restage it") from e
+    if tuple(got_shape) != shape or np.dtype(got_dtype) != dtype or fortran:
+        raise DataError(
+            f"{path} holds {np.dtype(got_dtype)}{list(got_shape)}, expected {dtype}{list(shape)}; "
+            "regenerate it or set data.sample_size / data.num_channels to match"
+        )
+    expected = offset + int(np.prod(shape)) * dtype.itemsize
+    actual = path.stat().st_size
+    if actual != expected:
+        raise DataError(f"{path} is truncated ({actual} of {expected} bytes); regenerate or restage it")
+
+
+def validate_dataset(cfg: CosmoFlowConfig, data_dir: Path) -> None:
+    """Check every listed file's header and size before any time is spent training."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(
+            f"data directory {data_dir} does not exist; drop --data to generate synthetic data "
+            "or run `mlhpc generate cosmoflow --out DIR`"
+        )
+    shape = (cfg.data.sample_size,) * 3 + (cfg.data.num_channels,)
+    checks = []
+    for split in SPLITS:
+        for data_path, label_path in read_file_lists(data_dir / split):
+            checks.append((data_path, shape, DATA_DTYPE))
+            checks.append((label_path, (NUM_TARGETS,), LABEL_DTYPE))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda args: check_npy(*args), checks))
+
+
+# ---------------------------------------------------------------- torch loading
+class CosmoFlowFiles(Dataset):
+    """One split read with np.load; returns (channels-first float32 cube, 4 targets)."""
+
+    def __init__(self, split_dir: Path, *, apply_log: bool) -> None:
+        self.pairs = read_file_lists(Path(split_dir))
+        self.apply_log = apply_log
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        data_path, label_path = self.pairs[index]
+        data = _load(data_path)
+        label = _load(label_path)
+        cube = torch.from_numpy(data.astype(np.float32)).permute(3, 0, 1, 2).contiguous()
+        if self.apply_log:
+            cube = torch.log1p(cube)
+        return cube, torch.from_numpy(label.astype(np.float32))
+
+
+def _load(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise DataError(f"{path} cannot be read ({e}); regenerate or restage it") from e
+
+
+def build_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
+    if cfg.data.loader == "dali":
+        from mlhpc.benchmarks.cosmoflow.dali import build_dali_data
+
+        return build_dali_data(cfg, data_dir, ctx, seed)
+    batch = cfg.loop.local_batch_size(ctx.world_size)
+    train = CosmoFlowFiles(Path(data_dir) / "train", apply_log=cfg.data.apply_log)
+    validation = CosmoFlowFiles(Path(data_dir) / "validation", apply_log=cfg.data.apply_log)
+    if len(train) < cfg.loop.global_batch_size:
+        raise DataError(
+            f"{data_dir}/train has {len(train)} samples, fewer than loop.global_batch_size="
+            f"{cfg.loop.global_batch_size}; generate more samples or lower the batch size"
+        )
+    sampler = DistributedSampler(
+        train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=True
+    )
+    loader_args = {
+        "num_workers": cfg.data.num_workers,
+        "pin_memory": ctx.device.type == "cuda",
+        "persistent_workers": cfg.data.num_workers > 0,
+    }
+    # Validation shards are disjoint and unpadded, so the all-reduced MAE covers each sample once.
+    shard = Subset(validation, range(ctx.rank, len(validation), ctx.world_size))
+    return DataBundle(
+        train=DataLoader(train, batch_size=batch, sampler=sampler, drop_last=True, **loader_args),
+        validation=DataLoader(shard, batch_size=batch, shuffle=False, **loader_args),
+        train_samples=len(train),
+        eval_samples=len(validation),
+        set_epoch=sampler.set_epoch,
+    )
+
+
+def evaluate(model: torch.nn.Module, loader: object, ctx: DistContext) -> float:
+    """Mean absolute error over every validation sample and target, all ranks together."""
+    totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+    for batch in loader:
+        cube, target = to_device(batch, ctx.device)
+        totals[0] += (model(cube).float() - target).abs().sum().double()
+        totals[1] += target.numel()
+    ctx.all_reduce_sum(totals)
+    return (totals[0] / totals[1].clamp(min=1)).item()

@@ -1,0 +1,78 @@
+"""The CosmoFlow 3D CNN of the MLPerf HPC reference, adapting to the cube size."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
+from torch import nn
+
+NUM_TARGETS = 4
+LEAKY_SLOPE = 0.3  # the reference's LeakyReLU alpha
+OUTPUT_SCALE = 1.2  # tanh output scaled to cover targets in [-1, 1] with margin
+
+
+class CosmoFlowNet(nn.Module):
+    """conv(k, same) + LeakyReLU + maxpool(2) blocks with 32*2^i filters, then FC 128 -> 64 -> 4."""
+
+    def __init__(
+        self,
+        *,
+        in_channels: int,
+        sample_size: int,
+        conv_layers: int,
+        base_filters: int,
+        kernel_size: int,
+        dense_units: tuple[int, ...],
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        blocks = []
+        channels, size = in_channels, sample_size
+        for i in range(conv_layers):
+            out = base_filters * 2**i
+            blocks.append(nn.Conv3d(channels, out, kernel_size, padding="same"))
+            channels = out
+            # Small cubes stop pooling at 1 voxel instead of failing: the model adapts to the size.
+            blocks.append(nn.MaxPool3d(2) if size >= 2 else nn.Identity())
+            size = max(1, size // 2)
+        self.convs = nn.ModuleList(blocks)
+        dense = []
+        width = channels * size**3
+        for units in dense_units:
+            dense.append(nn.Linear(width, units))
+            width = units
+        self.dense = nn.ModuleList(dense)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.output = nn.Linear(width, NUM_TARGETS)
+        self.apply(_glorot_init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.convs:
+            x = layer(x)
+            if isinstance(layer, nn.Conv3d):
+                x = F.leaky_relu(x, LEAKY_SLOPE)
+        x = x.flatten(1)
+        for layer in self.dense:
+            x = self.dropout(F.leaky_relu(layer(x), LEAKY_SLOPE))
+        return torch.tanh(self.output(x)) * OUTPUT_SCALE
+
+
+def _glorot_init(module: nn.Module) -> None:
+    # The reference (Keras) initializes with Glorot-uniform weights and zero biases; torch's
+    # default leaves this un-normalized net stuck on a plateau for many epochs.
+    if isinstance(module, (nn.Conv3d, nn.Linear)):
+        nn.init.xavier_uniform_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def build_model(cfg: CosmoFlowConfig) -> CosmoFlowNet:
+    return CosmoFlowNet(
+        in_channels=cfg.data.num_channels,
+        sample_size=cfg.data.sample_size,
+        conv_layers=cfg.model.conv_layers,
+        base_filters=cfg.model.base_filters,
+        kernel_size=cfg.model.kernel_size,
+        dense_units=cfg.model.dense_units,
+        dropout=cfg.model.dropout,
+    )

@@ -1,0 +1,140 @@
+"""Typed, frozen dataclass configs loaded from YAML, with `key=value` command-line overrides.
+
+An unknown key, a missing required key or a value of the wrong type is a `ConfigError`
+that names the key and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from mlhpc.common.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def load_config(config_cls: type[T], path: str | Path, overrides: Sequence[str] = ()) -> T:
+    """Read YAML at `path` into `config_cls`, applying `section.key=value` overrides on top."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file {path} does not exist; pass --config mini|full or a path") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}".splitlines()[0]) from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(raw).__name__}")
+    for key, value in parse_overrides(overrides).items():
+        _set_dotted(raw, key, value)
+    return from_dict(config_cls, raw, source=str(path))
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """Turn ["training.lr=0.1", "data.num_workers=2"] into {dotted key: YAML-parsed value}."""
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not key=value; write e.g. loop.max_epochs=20")
+        try:
+            parsed[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML") from e
+    return parsed
+
+
+def from_dict(config_cls: type[T], data: Mapping[str, Any], *, source: str = "config", prefix: str = "") -> T:
+    """Build a (possibly nested) dataclass from a mapping, checking keys and types."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(config_cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        name = prefix + unknown[0]
+        raise ConfigError(
+            f"{source}: unknown config key {name!r}; known keys here: {', '.join(sorted(fields))}"
+        )
+    hints = typing.get_type_hints(config_cls)
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        dotted = prefix + name
+        if name not in data:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{source}: required config key {dotted!r} is missing; add it")
+            continue
+        kwargs[name] = _coerce(hints[name], data[name], dotted, source)
+    try:
+        return config_cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as plain data (tuples become lists), for YAML dumps and logs."""
+    return _plain(dataclasses.asdict(config))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    node = raw
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {part!r} is a value, not a section")
+        node = child
+    node[leaf] = value
+
+
+def _coerce(hint: Any, value: Any, dotted: str, source: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value or {}, source=source, prefix=dotted + ".")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, dotted, source)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is typing.Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{source}: {dotted}={value!r} is not allowed; use one of {choices}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: {dotted}={value!r} must be a list, e.g. [1, 2]")
+        item_hint = args[0] if args else Any
+        items = [_coerce(item_hint, v, f"{dotted}[{i}]", source) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not (
+        isinstance(value, hint) and not _is_bool_for_number(hint, value)
+    ):
+        raise ConfigError(f"{source}: {dotted}={value!r} has the wrong type; expected {hint.__name__}")
+    return value
+
+
+def _is_bool_for_number(hint: Any, value: Any) -> bool:
+    return hint in (int, float) and isinstance(value, bool)

@@ -1,0 +1,197 @@
+"""One `init_distributed()` for every launcher, and the small `DistContext` passed around.
+
+torch.distributed (gloo on CPU, NCCL on GPU) is the default; Horovod is an optional backend
+behind the same interface, imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from mlhpc.common.errors import ConfigError
+from mlhpc.common.launch import LaunchInfo, detect_launch
+
+Backend = Literal["auto", "gloo", "nccl", "horovod"]
+
+
+@dataclass(kw_only=True)
+class DistContext:
+    """This process's place in the job and the collectives the trainers need."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    num_nodes: int
+    device: torch.device
+    backend: str
+    launcher: str
+    node_group: Any = None
+    _hvd: Any = field(default=None, repr=False)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if not self.distributed:
+            return
+        if self._hvd is not None:
+            self._hvd.allreduce(torch.zeros(1), name="barrier")
+        else:
+            dist.barrier()
+
+    def node_barrier(self) -> None:
+        """Wait for the ranks of this node (all ranks under Horovod, which has no node groups)."""
+        if not self.distributed:
+            return
+        if self._hvd is not None or self.node_group is None:
+            self.barrier()
+        else:
+            dist.barrier(group=self.node_group)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over all ranks, in place, and return it."""
+        if not self.distributed:
+            return tensor
+        if self._hvd is not None:
+            tensor.copy_(self._hvd.allreduce(tensor, op=self._hvd.Sum))
+        else:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if not self.distributed:
+            return obj
+        if self._hvd is not None:
+            return self._hvd.broadcast_object(obj, root_rank=src)
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Data-parallel wrapper for the backend (DDP; Horovod wraps the optimizer instead)."""
+        if not self.distributed or self._hvd is not None:
+            return model
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
+        if self._hvd is None or not self.distributed:
+            return optimizer
+        hvd = self._hvd
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+
+def init_distributed(
+    backend: Backend = "auto", device: str = "auto", launch: LaunchInfo | None = None
+) -> DistContext:
+    """Join the job this process was launched into; a plain process gets a world of one."""
+    launch = launch or detect_launch()
+    if backend == "horovod":
+        return _init_horovod(device)
+    torch_device = _pick_device(device, launch.local_rank)
+    chosen = backend if backend != "auto" else ("nccl" if torch_device.type == "cuda" else "gloo")
+    if chosen == "nccl" and torch_device.type != "cuda":
+        raise ConfigError("backend nccl needs a CUDA device; use backend=gloo on CPU")
+    context = DistContext(
+        rank=launch.rank,
+        local_rank=launch.local_rank,
+        world_size=launch.world_size,
+        local_world_size=launch.local_world_size,
+        num_nodes=launch.num_nodes,
+        device=torch_device,
+        backend=chosen if launch.world_size > 1 else "none",
+        launcher=launch.launcher,
+    )
+    if launch.world_size == 1:
+        return context
+    if not dist.is_initialized():
+        addr, port = _rendezvous(launch)
+        dist.init_process_group(
+            backend=chosen,
+            init_method=f"tcp://{addr}:{port}",
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=datetime.timedelta(minutes=10),
+        )
+    context.node_group, context.num_nodes = _node_group(launch.rank)
+    return context
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _pick_device(device: str, local_rank: int) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu")
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if device != "cpu":
+        raise ConfigError(f"device={device!r} is unknown; use auto, cpu or cuda")
+    return torch.device("cpu")
+
+
+def _rendezvous(launch: LaunchInfo) -> tuple[str, int]:
+    """Rank 0's address; under mpirun without MASTER_ADDR, learn it over MPI when mpi4py is there."""
+    if launch.launcher != "mpi" or "MASTER_ADDR" in os.environ:
+        return launch.master_addr, launch.master_port
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return launch.master_addr, launch.master_port
+    host = MPI.COMM_WORLD.bcast(socket.gethostname() if launch.rank == 0 else None, root=0)
+    return host, launch.master_port
+
+
+def _node_group(rank: int) -> tuple[Any, int]:
+    """One process group per host; every rank must create every group, in the same order."""
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    mine = None
+    unique_hosts = sorted(set(hosts))
+    for host in unique_hosts:
+        group = dist.new_group([r for r, h in enumerate(hosts) if h == host])
+        if hosts[rank] == host:
+            mine = group
+    return mine, len(unique_hosts)
+
+
+def _init_horovod(device: str) -> DistContext:
+    try:
+        import horovod.torch as hvd
+    except ImportError as e:
+        raise ConfigError(
+            "backend=horovod but horovod is not installed; run scripts/install_horovod.sh or use backend=auto"
+        ) from e
+    hvd.init()
+    torch_device = _pick_device(device, hvd.local_rank())
+    return DistContext(
+        rank=hvd.rank(),
+        local_rank=hvd.local_rank(),
+        world_size=hvd.size(),
+        local_world_size=hvd.local_size(),
+        num_nodes=max(1, hvd.size() // max(1, hvd.local_size())),
+        device=torch_device,
+        backend="horovod",
+        launcher="horovod",
+        _hvd=hvd,
+    )

@@ -1,0 +1,152 @@
+"""Where this process sits in a job, read from the launcher's environment (pure, no torch).
+
+Understood launchers: torchrun, mpirun (Open MPI, MPICH/Intel MPI PMI), srun, and a plain
+single process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from mlhpc.common.errors import ConfigError
+
+Launcher = Literal["torchrun", "mpi", "slurm", "single"]
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchInfo:
+    """The ranks and rendezvous point one process was started with."""
+
+    launcher: Launcher
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // max(1, self.local_world_size)
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Read the launcher's variables; torchrun wins, then MPI, then an srun step, else single."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" in env or {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= env.keys():
+        return _from_vars(
+            env,
+            "torchrun",
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            master="127.0.0.1",
+        )
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        return _from_vars(
+            env,
+            "mpi",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            master="127.0.0.1",
+        )
+    if "PMI_SIZE" in env and "PMI_RANK" in env:
+        return _from_vars(
+            env,
+            "mpi",
+            "PMI_RANK",
+            "PMI_SIZE",
+            "MPI_LOCALRANKID",
+            "MPI_LOCALNRANKS",
+            master="127.0.0.1",
+        )
+    # SLURM_STEP_NUM_TASKS exists only inside an srun step, not in the batch script itself.
+    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:
+        info = _from_vars(
+            env,
+            "slurm",
+            "SLURM_PROCID",
+            "SLURM_STEP_NUM_TASKS",
+            "SLURM_LOCALID",
+            None,
+            master=first_slurm_host(env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", ""))),
+            local_size=slurm_tasks_on_first_node(env.get("SLURM_STEP_TASKS_PER_NODE", "")),
+            default_port=DEFAULT_MASTER_PORT + int(env.get("SLURM_JOB_ID", "0")) % 1000,
+        )
+        return info
+    return LaunchInfo(
+        launcher="single",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT)),
+    )
+
+
+def _from_vars(
+    env: Mapping[str, str],
+    launcher: Launcher,
+    rank_key: str,
+    size_key: str,
+    local_rank_key: str,
+    local_size_key: str | None,
+    *,
+    master: str,
+    local_size: int | None = None,
+    default_port: int = DEFAULT_MASTER_PORT,
+) -> LaunchInfo:
+    try:
+        rank = int(env[rank_key])
+        world_size = int(env[size_key])
+        local_rank = int(env.get(local_rank_key, rank))
+        if local_size is None:
+            local_size = int(env[local_size_key]) if local_size_key and local_size_key in env else world_size
+    except (KeyError, ValueError) as e:
+        raise ConfigError(
+            f"{launcher} launch: cannot read ranks from {rank_key}/{size_key} ({e}); "
+            "check the launcher's environment"
+        ) from e
+    return LaunchInfo(
+        launcher=launcher,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_size,
+        master_addr=env.get("MASTER_ADDR", master or "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", default_port)),
+    )
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: 'n[003-005,9],gpu1' -> 'n003'."""
+    nodelist = nodelist.strip()
+    if not nodelist:
+        return "127.0.0.1"
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if match is None:
+        return "127.0.0.1"
+    prefix, ranges = match.groups()
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def slurm_tasks_on_first_node(tasks_per_node: str) -> int | None:
+    """'2(x3),1' -> 2; the task count of the first node, None if unknown."""
+    match = re.match(r"(\d+)", tasks_per_node.strip())
+    return int(match.group(1)) if match else None

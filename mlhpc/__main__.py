@@ -1,0 +1,5 @@
+"""`python -m mlhpc` runs the command line."""
+
+from mlhpc.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""The `mlhpc` command: generate, stage, run, check."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from mlhpc import __version__
+from mlhpc.common.errors import MlhpcError
+
+RULESETS = ("1.0.0", "2.0.0", "3.0.0")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except MlhpcError as e:
+        print(f"mlhpc: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mlhpc: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlhpc",
+        description="MLPerf-HPC-style time-to-train: generate data, stage it, train to target, check.",
+        epilog="example: mlhpc run cosmoflow --config mini --seeds 10 --out runs/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mlhpc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = _command(
+        sub,
+        "generate",
+        "write synthetic data in the benchmark's real on-disk format",
+        "mlhpc generate cosmoflow --config mini --out data/cosmoflow-mini",
+    )
+    gen.add_argument("benchmark")
+    gen.add_argument("--config", default="mini", help="mini, full, or a YAML path (default mini)")
+    gen.add_argument("--out", type=Path, required=True, help="dataset directory to write")
+    gen.add_argument("--samples", type=int, default=None, help="training samples (default: the config's)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("overrides", nargs="*", metavar="key=value")
+    gen.set_defaults(handler=_generate)
+
+    stage = _command(
+        sub,
+        "stage",
+        "copy a dataset to node-local storage, verified",
+        "mlhpc stage /lustre/cosmoflow $MLHPC_LOCAL_DIR/cosmoflow",
+    )
+    stage.add_argument("src", type=Path)
+    stage.add_argument("dest", type=Path)
+    stage.add_argument("--workers", type=int, default=4, help="parallel copy threads per rank")
+    stage.add_argument("--verify", action="store_true", help="only re-hash DEST against its manifest")
+    stage.set_defaults(handler=_stage)
+
+    run = _command(
+        sub,
+        "run",
+        "stage, train each seed to target, write and check a submission",
+        "mlhpc run cosmoflow --config mini --seeds 10 --out runs/\n"
+        "torchrun --nproc_per_node=2 -m mlhpc run cosmoflow --seeds 1 --out runs/",
+    )
+    run.add_argument("benchmark")
+    run.add_argument("--config", default="mini", help="mini, full, or a YAML path (default mini)")
+    run.add_argument(
+        "--seeds", type=int, default=1, help="seeded runs (a strong score needs 10 for cosmoflow)"
+    )
+    run.add_argument("--first-seed", type=int, default=None, help="seeds are N, N+1, ... (default random)")
+    run.add_argument("--out", type=Path, required=True, help="where the submission directory goes")
+    run.add_argument("--data", type=Path, default=None, help="dataset to stage (default: generate one)")
+    run.add_argument(
+        "--local-dir", type=Path, default=None, help="node-local staging dir (or MLHPC_LOCAL_DIR)"
+    )
+    run.add_argument("--submitter", default="mlhpc")
+    run.add_argument("--system", default=None, help="system name (default <host>_<cpu|gpu>_n<ranks>)")
+    run.add_argument("--division", choices=("closed", "open"), default="closed")
+    run.add_argument("--status", choices=("onprem", "cloud", "preview", "research"), default="onprem")
+    run.add_argument("--ruleset", choices=RULESETS, default="3.0.0")
+    run.add_argument(
+        "--staging",
+        choices=("inside", "before"),
+        default="inside",
+        help="stage inside run_start..run_stop (default, counts in the score) or before it",
+    )
+    run.add_argument("--backend", choices=("auto", "gloo", "nccl", "horovod"), default="auto")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    run.add_argument("--clear-cache", action="store_true", help="drop the page cache before each run (root)")
+    run.add_argument("--no-check", action="store_true", help="skip `mlhpc check` at the end")
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, e.g. loop.max_epochs=20",
+    )
+    run.set_defaults(handler=_run)
+
+    check = _command(
+        sub,
+        "check",
+        "validate and score a submission directory (read-only)",
+        "mlhpc check runs/mlhpc --json score.json",
+    )
+    check.add_argument("path", type=Path, help="an organisation's directory or a folder of them")
+    check.add_argument("--ruleset", choices=RULESETS, default="3.0.0")
+    check.add_argument("--json", type=Path, default=None, help="write the report as JSON")
+    check.add_argument("--jobs", type=int, default=None, help="parallel compliance checks")
+    check.set_defaults(handler=_check)
+    return parser
+
+
+def _command(sub: argparse._SubParsersAction, name: str, text: str, example: str) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=text,
+        description=text,
+        epilog=f"example:\n  {example.replace(chr(10), chr(10) + '  ')}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from mlhpc.common import registry
+    from mlhpc.common.config import load_config
+    from mlhpc.staging import build_manifest
+    from mlhpc.staging.manifest import MANIFEST_NAME
+
+    bench = registry.get(args.benchmark)
+    cfg = load_config(bench.config_class, bench.config_path(args.config), args.overrides)
+    started = time.perf_counter()
+    bench.generate(cfg, args.out, num_samples=args.samples, seed=args.seed)
+    build_manifest(args.out).write(args.out / MANIFEST_NAME)
+    print(f"wrote {bench.name} data to {args.out} in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from mlhpc.staging import stage_dataset, verify_staged
+
+    if args.verify:
+        count = verify_staged(args.dest)
+        print(f"{args.dest}: {count} files verified")
+        return 0
+    report = stage_dataset(args.src, args.dest, workers=args.workers)
+    rate = report.bytes / max(report.seconds, 1e-9) / 1e6
+    print(
+        f"staged {report.files} files, {report.bytes} bytes to {report.dest} in {report.seconds:.2f} s ({rate:.0f} MB/s)"
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mlhpc.common.distributed import init_distributed, shutdown_distributed
+    from mlhpc.runner import RunOptions, run_campaign
+
+    opts = RunOptions(
+        benchmark=args.benchmark,
+        config=args.config,
+        overrides=tuple(args.overrides),
+        seeds=args.seeds,
+        first_seed=args.first_seed,
+        out=args.out,
+        data=args.data,
+        local_dir=args.local_dir,
+        submitter=args.submitter,
+        system=args.system,
+        division=args.division,
+        status=args.status,
+        ruleset=args.ruleset,
+        staging=args.staging,
+        clear_cache=args.clear_cache,
+        check=not args.no_check,
+    )
+    ctx = init_distributed(args.backend, args.device)
+    started = time.perf_counter()
+    try:
+        campaign = run_campaign(opts, ctx)
+    finally:
+        shutdown_distributed()
+    if ctx.is_main:
+        print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
+        for seed, result, _ in campaign.results:
+            print(
+                f"{seed:>10} {result.status:>8} {result.epochs:>6} {result.run_seconds / 60:>8.3f} "
+                f"{result.train_samples_per_s:>10.1f}"
+            )
+        print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
+    return campaign.check_status or 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from mlhpc.submission_checker.command import check_command
+
+    return check_command(args.path, ruleset=args.ruleset, json_path=args.json, jobs=args.jobs)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

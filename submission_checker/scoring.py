@@ -1,0 +1,97 @@
+"""Pure scoring functions, as `mlperf_logging.result_summarizer` computes HPC scores.
+
+None of them changes its inputs or touches the file system. The RCP scaling factor is applied in
+`apply_scaling_factor` (1.0 until the RCP check is wired in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Runs olympic scoring may drop for an HPC benchmark (the summarizer allows 4 for unet3d only).
+MAX_DROPPED_RUNS = 1
+
+
+@dataclass(frozen=True)
+class RunTiming:
+    """One result file as scoring sees it."""
+
+    file: str
+    run_start_ms: float | None
+    run_stop_ms: float | None
+    compliant: bool
+    """Passed the official compliance checker and parsed cleanly."""
+
+    @property
+    def minutes(self) -> float | None:
+        if self.run_start_ms is None or self.run_stop_ms is None:
+            return None
+        return time_to_train_min(self.run_start_ms, self.run_stop_ms)
+
+    @property
+    def counts(self) -> bool:
+        """Scored: compliant and timed. Any other run is a dropped run."""
+        return self.compliant and self.minutes is not None
+
+
+@dataclass(frozen=True)
+class WeakScore:
+    num_models: int
+    """M: compliant models trained."""
+    total_min: float
+    """Minutes from the earliest run_start to the latest run_stop of those models."""
+    models_per_min: float
+
+
+def time_to_train_min(run_start_ms: float, run_stop_ms: float) -> float:
+    """One run's time to train in minutes (the summarizer's arithmetic, bit for bit)."""
+    return (run_stop_ms - run_start_ms) / 60 / 1000
+
+
+def olympic_mean(
+    values: Sequence[float], *, dropped: int = 0, max_dropped: int = MAX_DROPPED_RUNS
+) -> float | None:
+    """Mean without the `max_dropped` fastest and slowest values; None if nothing is left.
+
+    `dropped` runs were already removed before the call (non-compliant ones): each takes the
+    place of one slowest value. More than `max_dropped` of them means no score.
+    """
+    if dropped > max_dropped:
+        return None
+    ordered = sorted(values)
+    kept = ordered[max_dropped : len(ordered) - (max_dropped - dropped)]
+    if not kept:
+        return None
+    return sum(kept) * 1.0 / len(kept)
+
+
+def strong_score(runs: Sequence[RunTiming], *, max_dropped: int = MAX_DROPPED_RUNS) -> float | None:
+    """Raw strong-scaling score in minutes: olympic mean over the runs that count."""
+    minutes = [r.minutes for r in runs if r.counts]
+    dropped = len(runs) - len(minutes)
+    return olympic_mean([m for m in minutes if m is not None], dropped=dropped, max_dropped=max_dropped)
+
+
+def apply_scaling_factor(raw_min: float | None, factor: float = 1.0) -> float | None:
+    """The reported score: raw score × RCP scaling factor (≥ 1 when the RCP check sets one)."""
+    return None if raw_min is None else raw_min * factor
+
+
+def models_per_minute(num_models: int, total_min: float) -> float | None:
+    """Weak-scaling throughput; None when the time is not positive."""
+    return num_models / total_min if total_min > 0 else None
+
+
+def weak_score(runs: Sequence[RunTiming], required_models: int) -> WeakScore | None:
+    """Weak-scaling score over the runs that count; None with fewer than `required_models`."""
+    counted = [r for r in runs if r.counts]
+    if not counted or len(counted) < required_models:
+        return None
+    start = min(r.run_start_ms for r in counted if r.run_start_ms is not None)
+    stop = max(r.run_stop_ms for r in counted if r.run_stop_ms is not None)
+    total = time_to_train_min(start, stop)
+    per_min = models_per_minute(len(counted), total)
+    if per_min is None:
+        return None
+    return WeakScore(num_models=len(counted), total_min=total, models_per_min=per_min)
