@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
 from mlhpc.common.errors import ConfigError
 
 T = TypeVar("T")

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.launch import LaunchInfo, detect_launch
 

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.mllogger import MLLog, constants
-from mlhpc.common.registry import Benchmark
+from mlhpc.common.registry import Benchmark, DataBundle
 from mlhpc.common.seeding import seed_everything
 
 
@@ -126,6 +127,8 @@ def train_to_target(
     metrics: list[float] = []
     samples_per_s = 0.0
     epoch = 0
+    in_epoch = False
+    error: str | None = None
     try:
         staged = staged or _stage(stage, log)
         data = bench.build_data(cfg, staged.path, ctx, seed)
@@ -137,7 +140,9 @@ def train_to_target(
             if data.set_epoch is not None:
                 data.set_epoch(epoch)
             log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
+            in_epoch = True
             samples_per_s = _train_epoch(bench, model, optimizer, scheduler, data, ctx, loop, epoch)
+            in_epoch = False
             log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
             log.event("tracked_stats", {"throughput": samples_per_s}, {constants.EPOCH_NUM: epoch})
             log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
@@ -155,22 +160,18 @@ def train_to_target(
                 f"in loop.max_epochs={loop.max_epochs}; raise it or check the learning rate"
             )
     except _Abort as abort:
-        log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED, "epoch_num": epoch})
-        return RunResult(
-            status="aborted",
-            epochs=epoch,
-            metrics=metrics,
-            run_seconds=time.perf_counter() - run_started,
-            train_samples_per_s=samples_per_s,
-            error=str(abort),
-        )
-    log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.SUCCESS, "epoch_num": epoch})
+        if in_epoch:  # close the interval so the aborted log stays well-formed
+            log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
+        error = str(abort)
+    status = constants.SUCCESS if error is None else constants.ABORTED
+    log.end(constants.RUN_STOP, metadata={constants.STATUS: status, constants.EPOCH_NUM: epoch})
     return RunResult(
-        status="success",
+        status=status,
         epochs=epoch,
         metrics=metrics,
         run_seconds=time.perf_counter() - run_started,
         train_samples_per_s=samples_per_s,
+        error=error,
     )
 
 
@@ -181,7 +182,16 @@ def _stage(stage: Callable[[], StagedData], log: MLLog) -> StagedData:
     return staged
 
 
-def _train_epoch(bench, model, optimizer, scheduler, data, ctx, loop, epoch) -> float:
+def _train_epoch(
+    bench: Benchmark,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    data: DataBundle,
+    ctx: DistContext,
+    loop: LoopConfig,
+    epoch: int,
+) -> float:
     """One pass over this rank's shard; returns global training samples per second."""
     model.train()
     use_amp = loop.amp and ctx.device.type == "cuda"
@@ -211,7 +221,7 @@ def _train_epoch(bench, model, optimizer, scheduler, data, ctx, loop, epoch) -> 
     return total / max(time.perf_counter() - started, 1e-9)
 
 
-def _evaluate(bench: Benchmark, model: torch.nn.Module, data: Any, ctx: DistContext) -> float:
+def _evaluate(bench: Benchmark, model: torch.nn.Module, data: DataBundle, ctx: DistContext) -> float:
     model.eval()
     with torch.no_grad():
         return float(bench.evaluate(model, data.validation, ctx))

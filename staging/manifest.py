@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
+
 from mlhpc.common.errors import StagingError
 from mlhpc.common.fileio import atomic_write_text
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mlhpc.common.errors import MlhpcError
-from mlhpc.common.fileio import atomic_write_json
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from mlhpc.common.errors import MlhpcError
+from mlhpc.common.fileio import atomic_write_json
 
 from .check import check_submission
 from .compliance import DEFAULT_RULESET

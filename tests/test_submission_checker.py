@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from mlhpc.submission_checker import (
     CheckReport,
     RunTiming,

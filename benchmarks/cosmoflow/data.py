@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.loop import to_device
 from mlhpc.common.registry import DataBundle
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 SPLITS = ("train", "validation")
 DATA_LIST = "files_data.lst"
@@ -41,7 +42,7 @@ def synthesize_sample(rng: np.random.Generator, size: int, channels: int) -> tup
     k2 = freq[:, None, None] ** 2 + freq[None, :, None] ** 2 + half[None, None, :] ** 2
     corr_len = max(1.0, size / 8)
     smooth = np.fft.irfftn(
-        np.fft.rfftn(noise) * np.exp(-0.5 * k2 * (2 * np.pi * corr_len) ** 2), s=noise.shape
+        np.fft.rfftn(noise) * np.exp(-0.5 * k2 * (2 * np.pi * corr_len) ** 2), s=noise.shape, axes=(0, 1, 2)
     )
     smooth = (smooth - smooth.mean()) / (smooth.std() + 1e-12)  # exact moments: targets stay identifiable
     # Each target shifts the mean density of one channel and the contrast of the next.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from torch import nn
+
+from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 
 NUM_TARGETS = 4
 LEAKY_SLOPE = 0.3  # the reference's LeakyReLU alpha

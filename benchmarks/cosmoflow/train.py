@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.distributed import DistContext
 

@@ -1,0 +1,74 @@
+"""Shared fixtures: small generated CosmoFlow data, the mini config, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
+from mlhpc.common import registry
+from mlhpc.common.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cosmo_cfg() -> Callable[..., CosmoFlowConfig]:
+    """Factory: the packaged mini config with `key=value` overrides."""
+
+    def make(*overrides: str, name: str = "mini") -> CosmoFlowConfig:
+        bench = registry.get("cosmoflow")
+        return load_config(CosmoFlowConfig, bench.config_path(name), overrides)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def cosmo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small CosmoFlow dataset in the real format (32 train, 8 validation samples of 16^3 x 4)."""
+    from mlhpc.benchmarks.cosmoflow import data
+    from mlhpc.staging import build_manifest
+    from mlhpc.staging.manifest import MANIFEST_NAME
+
+    bench = registry.get("cosmoflow")
+    cfg = load_config(
+        CosmoFlowConfig, bench.config_path("mini"), ["data.num_train_samples=32", "data.num_eval_samples=8"]
+    )
+    root = tmp_path_factory.mktemp("cosmo") / "data"
+    data.generate(cfg, root, seed=1)
+    build_manifest(root).write(root / MANIFEST_NAME)
+    return root
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for a `python -m mlhpc` subprocess: this venv first on PATH, no launcher vars."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_"))}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def run_mlhpc(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run `python -m mlhpc ARGS` in a subprocess (its own MLLOG state), staging under tmp_path."""
+
+    def run(args: Sequence[str], timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
+        environment = cli_env(MLHPC_LOCAL_DIR=str(tmp_path / "local"), **env)
+        return subprocess.run(
+            [sys.executable, "-m", "mlhpc", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=environment,
+            cwd=tmp_path,
+        )
+
+    return run
