@@ -20,8 +20,10 @@ ctx = init_distributed("gloo", "cpu")
 total = ctx.all_reduce_sum(torch.tensor([float(ctx.rank + 1)]))
 word = ctx.broadcast_object("from-rank-0" if ctx.rank == 0 else None)
 ctx.node_barrier()
-print(json.dumps({"rank": ctx.rank, "world": ctx.world_size, "local": ctx.local_world_size,
-                  "nodes": ctx.num_nodes, "sum": total.item(), "word": word, "launcher": ctx.launcher}))
+report = json.dumps({"rank": ctx.rank, "world": ctx.world_size, "local": ctx.local_world_size,
+                  "nodes": ctx.num_nodes, "sum": total.item(), "word": word, "launcher": ctx.launcher})
+# One file per rank: two ranks printing at once can interleave their lines on stdout.
+open(f"{sys.argv[1]}/rank{ctx.rank}.json", "w").write(report)
 shutdown_distributed()
 """
 
@@ -38,12 +40,9 @@ def torchrun(
 def test_collectives_over_two_ranks(tmp_path: Path) -> None:
     script = tmp_path / "collectives.py"
     script.write_text(COLLECTIVES)
-    proc = torchrun([str(script)], tmp_path)
+    proc = torchrun([str(script), str(tmp_path)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    reports = sorted(
-        (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
-        key=lambda r: r["rank"],
-    )
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert report["world"] == 2 and report["local"] == 2 and report["nodes"] == 1
