@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Build and install Horovod 0.28.1 (PyTorch, Gloo, MPI) against torch 2.14 in the current Python.
+# The last Horovod release ships only an sdist whose CMake files pin C++14, while torch 2.14's
+# headers need C++20; this patches the two pins and builds (about 4 minutes on 2 cores).
+#   PYTHON=.venv/bin/python scripts/install_horovod.sh
+#   HOROVOD_WITH_MPI=0 scripts/install_horovod.sh        # Gloo only, no MPI needed
+# Needs cmake and a C++ compiler; MPI builds need mpicxx (apt-get install -y libopenmpi-dev openmpi-bin).
+# Then: mlhpc run ... --backend horovod, under horovodrun, mpirun or srun.
+set -euo pipefail
+
+PYTHON=${PYTHON:-python3}
+HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
+HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1}
+# The CUDA build of torch makes Horovod's CMake look for the toolkit, even on a machine without a GPU.
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export CUDAToolkit_ROOT=${CUDAToolkit_ROOT:-$CUDA_HOME}
+
+die() {
+    echo "install_horovod.sh: $*" >&2
+    exit 1
+}
+
+command -v cmake >/dev/null || die "cmake not found; apt-get install -y cmake (or pip install cmake)"
+if [[ $HOROVOD_WITH_MPI == 1 ]] && ! command -v mpicxx >/dev/null; then
+    die "mpicxx not found; apt-get install -y libopenmpi-dev openmpi-bin, or HOROVOD_WITH_MPI=0"
+fi
+"$PYTHON" -c 'import torch' 2>/dev/null || die "$PYTHON cannot import torch; install mlhpc first"
+
+work=$(mktemp -d)
+trap 'rm -rf -- "$work"' EXIT
+
+"$PYTHON" -m pip install cloudpickle psutil wheel
+"$PYTHON" -m pip download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+src=$work/horovod-$HOROVOD_VERSION
+
+# Top level to C++17, the standard Horovod already forces on its bundled gloo (they must match, or
+# gloo's kDefaultTimeout clashes at link time); the torch extension to C++20 for torch's headers.
+sed -i 's/^set(CMAKE_CXX_STANDARD 14)$/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt"
+sed -i 's/^\( *\)set(CMAKE_CXX_STANDARD 14)$/\1set(CMAKE_CXX_STANDARD 20)/' "$src/horovod/torch/CMakeLists.txt"
+grep -q '^set(CMAKE_CXX_STANDARD 17)$' "$src/CMakeLists.txt" || die "patching $src/CMakeLists.txt failed"
+grep -q 'set(CMAKE_CXX_STANDARD 20)' "$src/horovod/torch/CMakeLists.txt" ||
+    die "patching $src/horovod/torch/CMakeLists.txt failed"
+
+HOROVOD_WITH_PYTORCH=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 \
+    HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITH_MPI=$HOROVOD_WITH_MPI \
+    MAKEFLAGS=${MAKEFLAGS:--j$(nproc)} \
+    "$PYTHON" -m pip install --no-build-isolation --no-cache-dir "$src"
+
+# horovodrun sits next to the interpreter it was installed for.
+"$(dirname -- "$("$PYTHON" -c 'import sys; print(sys.executable)')")/horovodrun" --check-build
