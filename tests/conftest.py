@@ -47,7 +47,8 @@ def cosmo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment for a `python -m mlhpc` subprocess: this venv first on PATH, no launcher vars."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_"))}
+    launcher_prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MLHPC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_prefixes)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         env.pop(key, None)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

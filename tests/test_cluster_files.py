@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import cli_env
+
 REPO = Path(__file__).resolve().parents[1]
 RUN_AND_TIME = REPO / "run_and_time.sh"
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
@@ -47,16 +49,10 @@ DOCKER_INSTRUCTIONS = frozenset(
 
 
 def shell_env(**extra: str) -> dict[str, str]:
-    """This interpreter's bin dir first on PATH and no launcher variables from an enclosing job."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "MLHPC_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-        and k not in ("BENCHMARK", "CONFIG", "SEED", "OUT", "DATA", "RUN_INDEX", "LAUNCHER", "EXTRA_ARGS")
-    }
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONUNBUFFERED"] = "1"
+    """cli_env without run_and_time.sh's own inputs inherited from the caller."""
+    env = cli_env()
+    for key in ("BENCHMARK", "CONFIG", "SEED", "OUT", "DATA", "RUN_INDEX", "LAUNCHER", "EXTRA_ARGS"):
+        env.pop(key, None)
     env.update(extra)
     return env
 
