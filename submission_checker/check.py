@@ -2,34 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import required_run_count
 
-from .compliance import DEFAULT_RULESET, LogAnalysis, analyse_logs, validate_ruleset
-from .findings import Finding
+from .compliance import DEFAULT_RULESET, LogAnalysis, analyse_logs, known_rulesets, refusal, validate_ruleset
+from .findings import RULE_SYMLINK, Finding
 from .layout_checks import (
     EntryDir,
+    SystemDesc,
     check_benchmark_name,
     check_implementation,
     check_run_count,
     check_stray_files,
-    check_system_json,
     find_entries,
     find_org_dirs,
+    link_out,
+    load_system,
 )
+from .logparse import EVAL_KEYS, sniff_log
+from .rcp_checks import entry_rcp
 from .report import CheckReport, EntryReport, RunReport
+from .ruleset import RulesetChoice, detect_ruleset
 from .run_checks import (
     check_instance_scale,
     check_log_file,
+    check_run_scale,
     check_seeds,
     check_strong_score,
     check_weak_score,
     run_timing,
 )
-from .scoring import apply_scaling_factor, strong_score, weak_score
+from .scoring import apply_scaling_factor, olympic_drops, strong_score, weak_score
+
+SystemKey = tuple[Path, str]
 
 
 def _relative(path: str | Path, root: Path) -> str:
@@ -39,21 +48,68 @@ def _relative(path: str | Path, root: Path) -> str:
         return str(path)
 
 
-def _org_findings(org_dir: Path, entries: list[EntryDir]) -> list[Finding]:
-    """System descriptions and implementation folders: findings that belong to no one entry."""
-    findings: list[Finding] = []
-    for system in sorted({e.system for e in entries}):
-        findings += check_system_json(org_dir, system)
-    for benchmark in sorted({e.benchmark for e in entries}):
-        findings += check_implementation(org_dir, benchmark)
-    return findings
+def _division(system: SystemDesc, files: Sequence[LogAnalysis]) -> str | None:
+    """The system description's division; the logs' when the description cannot be read."""
+    if system.division is not None:
+        return system.division
+    return next((a.log.division for a in files if a.log is not None and a.log.division), None)
+
+
+def _metric(files: Sequence[LogAnalysis]) -> str | None:
+    keys = [key for a in files if a.log is not None for key, _, _ in a.log.evals]
+    return max(EVAL_KEYS, key=keys.count) if keys else None
+
+
+def _run_reports(
+    files: Sequence[LogAnalysis], entry: EntryDir, root: Path, metric: str | None
+) -> tuple[RunReport, ...]:
+    timings = [run_timing(a) for a in files]
+    roles = (
+        olympic_drops(timings)
+        if entry.scaling == "strong"
+        else [None if t.counts else "not counted" for t in timings]
+    )
+    runs = []
+    for analysis, timing, role in zip(files, timings, roles, strict=True):
+        log = analysis.log
+        converged = log is not None and log.rcp.converged and log.rcp.error is None
+        evals = () if log is None else tuple((e, v) for k, e, v in log.evals if k == metric)
+        epochs = log.rcp.epochs if converged and log is not None else None
+        runs.append(
+            RunReport(_relative(analysis.path, root), timing.minutes, analysis.compliant, role, epochs, evals)
+        )
+    return tuple(runs)
+
+
+@dataclass(frozen=True)
+class _Score:
+    raw_min: float | None
+    models_per_min: float | None = None
+    num_models: int | None = None
+    instance_scale: int | None = None
+
+
+def _score(entry: EntryDir, files: Sequence[LogAnalysis]) -> tuple[_Score, list[Finding]]:
+    """Strong: the olympic mean. Weak: models, their scale, the total time, models per minute."""
+    timings = [run_timing(a) for a in files]
+    if entry.scaling == "strong":
+        return _Score(strong_score(timings)), check_strong_score(entry.path, timings)
+    required = required_run_count(entry.benchmark)
+    findings = check_instance_scale(entry.path, files) + check_weak_score(entry.path, timings, required)
+    weak = weak_score(timings, required) if required is not None else None
+    if weak is None:
+        return _Score(None), findings
+    scales = {a.log.instance_scale for a in files if a.compliant and a.log is not None}
+    scale = next(iter(scales)) if len(scales) == 1 else None
+    return _Score(weak.total_min, weak.models_per_min, weak.num_models, scale), findings
 
 
 def score_entry(
-    entry: EntryDir, analyses: Mapping[str, LogAnalysis], ruleset: str, root: Path
+    entry: EntryDir, analyses: Mapping[str, LogAnalysis], ruleset: str, root: Path, system: SystemDesc
 ) -> EntryReport:
     """Checks and score of one entry, from its files' analyses."""
     files = [analyses[str(p)] for p in entry.result_files]
+    division = _division(system, files)
     findings: list[Finding] = [
         *check_benchmark_name(entry, ruleset),
         *check_run_count(entry),
@@ -61,61 +117,94 @@ def score_entry(
     ]
     for analysis in files:
         findings += check_log_file(analysis)
-    findings += check_seeds(files)
-    timings = [run_timing(a) for a in files]
-    models_per_min: float | None = None
-    if entry.scaling == "strong":
-        findings += check_strong_score(entry.path, timings)
-        raw = strong_score(timings)
-    else:
-        required = required_run_count(entry.benchmark)
-        findings += check_instance_scale(entry.path, files)
-        findings += check_weak_score(entry.path, timings, required)
-        weak = weak_score(timings, required) if required is not None else None
-        raw = None if weak is None else weak.total_min
-        models_per_min = None if weak is None else weak.models_per_min
-    factor = 1.0  # the RCP scaling factor goes here once the RCP check is wired in
-    runs = tuple(RunReport(_relative(t.file, root), t.minutes, t.compliant) for t in timings)
+    findings += check_seeds(entry.path, files, closed=division == "closed")
+    findings += check_run_scale(entry.path, files)
+    score, score_findings = _score(entry, files)
+    known = entry.benchmark in required_benchmarks()
+    rcp, factor, rcp_findings = entry_rcp(entry, files, ruleset, closed=division == "closed" and known)
+    metric = _metric(files)
     return EntryReport(
         submitter=entry.submitter,
         system=entry.system,
         benchmark=entry.benchmark,
         scaling=entry.scaling,
-        runs=runs,
-        score_raw_min=raw,
-        score_min=apply_scaling_factor(raw, factor),
-        models_per_min=models_per_min,
-        findings=tuple(f.relative_to(root) for f in findings),
+        runs=_run_reports(files, entry, root, metric),
+        score_raw_min=score.raw_min,
+        score_min=apply_scaling_factor(score.raw_min, factor),
+        models_per_min=score.models_per_min,
+        findings=tuple(f.relative_to(root) for f in [*findings, *score_findings, *rcp_findings]),
         rcp_scaling_factor=factor,
+        division=division,
+        rcp=rcp,
+        num_models=score.num_models,
+        instance_scale=score.instance_scale,
+        metric=metric,
     )
 
 
-def check_submission(
-    path: Path | str, *, ruleset: str = DEFAULT_RULESET, jobs: int | None = None
-) -> CheckReport:
+def required_benchmarks() -> set[str]:
+    from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
+
+    return set(_ALL_RESULT_FILE_COUNTS["hpc"])
+
+
+def _gather(root: Path) -> tuple[list[EntryDir], dict[SystemKey, SystemDesc], list[Finding]]:
+    """Every entry, the system descriptions they name, and the findings about folders."""
+    entries: list[EntryDir] = []
+    systems: dict[SystemKey, SystemDesc] = {}
+    org_dirs, findings = find_org_dirs(root)
+    for org_dir in org_dirs:
+        org_entries, layout_findings = find_entries(org_dir, root)
+        entries += org_entries
+        findings += layout_findings
+        for name in sorted({e.system for e in org_entries}):
+            systems[(org_dir, name)] = load_system(org_dir, name, root)
+            findings += systems[(org_dir, name)].findings
+        for benchmark in sorted({e.benchmark for e in org_entries}):
+            findings += check_implementation(org_dir, benchmark)
+    return entries, systems, findings
+
+
+def _choose_ruleset(ruleset: str | None, files: Sequence[Path]) -> RulesetChoice:
+    if ruleset is not None:
+        return RulesetChoice(validate_ruleset(ruleset), "--ruleset")
+    sniffs = [sniff_log(p) for p in files if refusal(str(p)) is None]
+    return detect_ruleset(sniffs, known_rulesets(), DEFAULT_RULESET)
+
+
+def _refused_link(path: Path, why: str) -> LogAnalysis:
+    return LogAnalysis(
+        str(path), False, (), None, (RULE_SYMLINK, f"{why}; not read", "copy the file into the submission")
+    )
+
+
+def check_submission(path: Path | str, *, ruleset: str | None = None, jobs: int | None = None) -> CheckReport:
     """Check and score one organisation's folder or a folder of organisations; never writes.
 
-    Raises SubmissionError when `path` is not a folder, holds no results, or `ruleset` is
-    unknown. Everything wrong inside the submission is a Finding in the report.
+    `ruleset` None detects it from the logs. Raises SubmissionError when `path` is not a folder,
+    holds no results, or `ruleset` is unknown; everything wrong inside the submission is a
+    Finding in the report.
     """
-    validate_ruleset(ruleset)
     root = Path(path).resolve()
-    entries: list[EntryDir] = []
-    findings: list[Finding] = []
     try:
-        for org_dir in find_org_dirs(root):
-            org_entries, layout_findings = find_entries(org_dir)
-            entries += org_entries
-            findings += layout_findings + _org_findings(org_dir, org_entries)
+        entries, systems, findings = _gather(root)
     except OSError as e:
         raise SubmissionError(f"cannot read {e.filename or root}: {e.strerror or e}") from e
     if not entries:
         raise SubmissionError(f"{root} holds no results/<system>/<strong|weak>/<benchmark>/ folder to check")
-    analyses = analyse_logs([p for e in entries for p in e.result_files], ruleset, jobs)
-    reports = tuple(score_entry(e, analyses, ruleset, root) for e in entries)
+    files = [p for e in entries for p in e.result_files]
+    links = {str(p): why for p in files if (why := link_out(p, root)) is not None}
+    readable = [p for p in files if str(p) not in links]
+    choice = _choose_ruleset(ruleset, readable)
+    analyses = analyse_logs(readable, choice.ruleset, jobs)
+    analyses.update({name: _refused_link(Path(name), why) for name, why in links.items()})
+    reports = tuple(
+        score_entry(e, analyses, choice.ruleset, root, systems[(e.org_dir, e.system)]) for e in entries
+    )
     return CheckReport(
         root=str(root),
-        ruleset=ruleset,
+        ruleset=choice.ruleset,
         entries=reports,
         findings=tuple(f.relative_to(root) for f in findings),
+        ruleset_reason=choice.reason,
     )

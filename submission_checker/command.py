@@ -10,11 +10,12 @@ from rich.table import Table
 from rich.text import Text
 
 from mlhpc.common.errors import MlhpcError
-from mlhpc.common.fileio import atomic_write_json
+from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 
 from .check import check_submission
-from .compliance import DEFAULT_RULESET
+from .export import report_csv
 from .findings import Finding
+from .html_report import write_html_report
 from .report import CheckReport, EntryReport
 
 EXIT_OK = 0
@@ -38,16 +39,24 @@ def _count(findings: tuple[Finding, ...]) -> str:
 
 
 def _runs(entry: EntryReport) -> str:
-    dropped = sum(not r.compliant or r.minutes is None for r in entry.runs)
+    dropped = entry.dropped_runs
     return f"{len(entry.runs)}" + (f" ({dropped} dropped)" if dropped else "")
+
+
+def _rcp(entry: EntryReport) -> str:
+    if entry.rcp is None:
+        return "-"
+    factor = f" ×{entry.rcp_scaling_factor:.4f}" if entry.rcp_scaling_factor != 1.0 else ""
+    return entry.rcp.verdict + factor
 
 
 def report_table(report: CheckReport) -> Table:
     """One row per entry: who, where, how many runs, the scores and how many findings."""
-    table = Table(title=Text(f"MLPerf HPC check of {report.root} (ruleset {report.ruleset})"))
+    title = f"MLPerf HPC check of {report.root} (ruleset {report.ruleset}, {report.ruleset_reason})"
+    table = Table(title=Text(title))
     for name in ("submitter", "system", "scaling", "benchmark", "runs"):
         table.add_column(name)
-    for name in ("raw min", "score min", "models/min"):
+    for name in ("raw min", "RCP", "score min", "models/min"):
         table.add_column(name, justify="right")
     table.add_column("findings")
     for e in report.entries:
@@ -55,6 +64,7 @@ def report_table(report: CheckReport) -> Table:
         table.add_row(
             *(Text(v) for v in (e.submitter, e.system, e.scaling, e.benchmark, _runs(e))),
             _minutes(e.score_raw_min),
+            _rcp(e),
             _minutes(e.score_min),
             per_min,
             Text(
@@ -88,19 +98,41 @@ def print_report(report: CheckReport, console: Console) -> None:
     )
 
 
+def _inside(path: Path, root: Path) -> bool:
+    resolved = path.resolve()
+    return resolved == root or root in resolved.parents
+
+
+def write_outputs(report: CheckReport, outputs: dict[str, Path | None], out: Console) -> None:
+    """Write the JSON, CSV and HTML the user asked for; OSError and MlhpcError propagate."""
+    root = Path(report.root)
+    for kind, path in outputs.items():
+        if path is not None and _inside(path, root):
+            raise MlhpcError(f"--{kind} {path} is inside the checked folder; the check never writes there")
+    if outputs.get("json") is not None:
+        out.print(Text(f"wrote {atomic_write_json(outputs['json'], report.to_json())}"))
+    if outputs.get("csv") is not None:
+        out.print(Text(f"wrote {atomic_write_text(outputs['csv'], report_csv(report))}"))
+    if outputs.get("report") is not None:
+        out.print(Text(f"wrote {write_html_report(report, outputs['report'])}"))
+
+
 def check_command(
     path: Path,
     *,
-    ruleset: str = DEFAULT_RULESET,
+    ruleset: str | None = None,
     json_path: Path | None = None,
+    csv_path: Path | None = None,
+    report_dir: Path | None = None,
     jobs: int | None = None,
     console: Console | None = None,
 ) -> int:
-    """Check `path`, print the table and every finding, write JSON to `json_path` if given.
+    """Check `path`, print the table and every finding, write the outputs the user names.
 
-    Returns 0 when there is no error finding (warnings allowed), 1 when there is one, 2 when the
-    check could not run (no such folder, no results, unknown ruleset, JSON not writable).
-    Nothing is written into the submission except `json_path` itself, when the user names it.
+    `ruleset` None detects it from the logs. Returns 0 when there is no error finding
+    (warnings allowed), 1 when there is one, 2 when the check could not run (no such folder,
+    no results, unknown ruleset, an output not writable or inside the submission). Nothing is
+    written into the submission.
     """
     out = console or Console(highlight=False)
     if console is None and not out.is_terminal and "COLUMNS" not in os.environ:
@@ -108,15 +140,12 @@ def check_command(
     err = Console(stderr=True, highlight=False)
     try:
         report = check_submission(path, ruleset=ruleset, jobs=jobs)
+        print_report(report, out)
+        write_outputs(report, {"json": json_path, "csv": csv_path, "report": report_dir}, out)
     except MlhpcError as e:
         err.print(Text(f"error: {e}"), soft_wrap=True)
         return EXIT_CANNOT_RUN
-    print_report(report, out)
-    if json_path is not None:
-        try:
-            atomic_write_json(json_path, report.to_json())
-        except OSError as e:
-            err.print(Text(f"error: cannot write {json_path}: {e.strerror or e}"), soft_wrap=True)
-            return EXIT_CANNOT_RUN
-        out.print(Text(f"wrote {json_path}"))
+    except OSError as e:
+        err.print(Text(f"error: cannot write {e.filename}: {e.strerror or e}"), soft_wrap=True)
+        return EXIT_CANNOT_RUN
     return EXIT_ERRORS if report.has_errors else EXIT_OK

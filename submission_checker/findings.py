@@ -12,15 +12,22 @@ Severity = Literal["error", "warning"]
 # Rule names, one per check, so that a user can grep for them and a test can assert on them.
 RULE_SYSTEM_JSON = "system-json"
 RULE_LAYOUT = "layout"
+RULE_SYMLINK = "symlink"
 RULE_BENCHMARK = "benchmark-unknown"
 RULE_IMPLEMENTATION = "implementation-missing"
 RULE_RUN_COUNT = "run-count"
 RULE_LOG_PARSE = "log-parse"
+RULE_FILE_SIZE = "file-size"
 RULE_RUN_START_STOP = "run-start-stop"
 RULE_RUN_STATUS = "run-status"
+RULE_TIMESTAMPS = "timestamps"
 RULE_COMPLIANCE = "compliance"
 RULE_SEED = "seed-duplicate"
+RULE_SEED_MISSING = "seed-missing"
+RULE_RUN_SCALE = "run-scale"
 RULE_INSTANCE_SCALE = "instance-scale"
+RULE_RCP = "rcp"
+RULE_SCALING_JSON = "scaling-json"
 RULE_SCORE = "score"
 
 
@@ -29,7 +36,7 @@ class Finding:
     """One problem found in a submission: where it is, which rule found it, and what to do."""
 
     severity: Severity
-    """"error" (the submission would be rejected or not scored) or "warning"."""
+    """"error" (the submission would be rejected or not scored) or "warning" (a reviewer looks)."""
     path: str
     """The file or folder at fault, relative to the checked folder once in a report."""
     line: int | None
@@ -37,7 +44,9 @@ class Finding:
     rule: str
     """One of the RULE_* names above."""
     message: str
-    """One line (or a few) saying what is wrong and, where there is one, the fix."""
+    """What is wrong, in one line."""
+    fix: str = ""
+    """What would fix it, in one line ("" when the message says it all)."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -48,20 +57,24 @@ class Finding:
             rel = Path(self.path).relative_to(root)
         except ValueError:
             return self
-        return Finding(self.severity, rel.as_posix() or ".", self.line, self.rule, self.message)
+        return Finding(self.severity, rel.as_posix() or ".", self.line, self.rule, self.message, self.fix)
+
+    @property
+    def where(self) -> str:
+        return self.path if self.line is None else f"{self.path}:{self.line}"
 
     def format(self) -> str:
-        """`severity path:line rule: message`, the form the CLI prints."""
-        where = self.path if self.line is None else f"{self.path}:{self.line}"
-        return f"{self.severity} {where} {self.rule}: {self.message}"
+        """`severity path:line rule: message; fix: ...`, the form the CLI prints."""
+        fix = f"; fix: {self.fix}" if self.fix else ""
+        return f"{self.severity} {self.where} {self.rule}: {self.message}{fix}"
 
 
-def error(path: Path | str, rule: str, message: str, line: int | None = None) -> Finding:
-    return Finding("error", str(path), line, rule, message)
+def error(path: Path | str, rule: str, message: str, line: int | None = None, fix: str = "") -> Finding:
+    return Finding("error", str(path), line, rule, message, fix)
 
 
-def warning(path: Path | str, rule: str, message: str, line: int | None = None) -> Finding:
-    return Finding("warning", str(path), line, rule, message)
+def warning(path: Path | str, rule: str, message: str, line: int | None = None, fix: str = "") -> Finding:
+    return Finding("warning", str(path), line, rule, message, fix)
 
 
 def has_errors(findings: Iterable[Finding]) -> bool:

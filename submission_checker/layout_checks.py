@@ -1,10 +1,14 @@
-"""Finding the entries of a submission and checking its folders and system descriptions."""
+"""Finding the entries of a submission and checking its folders and system descriptions.
+
+Nothing here follows a symbolic link out of the checked folder: such a link is a finding.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import (
@@ -21,6 +25,7 @@ from .findings import (
     RULE_IMPLEMENTATION,
     RULE_LAYOUT,
     RULE_RUN_COUNT,
+    RULE_SYMLINK,
     RULE_SYSTEM_JSON,
     Finding,
     error,
@@ -30,6 +35,35 @@ from .findings import (
 RESULT_GLOB = "result_*.txt"
 # Files a results/<system>/<scaling>/<benchmark>/ folder may hold besides result_*.txt.
 ALLOWED_EXTRA = frozenset({"package_checker_params", "scaling.json", "power"})
+MAX_SYSTEM_JSON_BYTES = 1 * 2**20
+# Fields the summarizer turns into numbers with int() (it stops on anything else).
+SYSTEM_INT_FIELDS = ("number_of_nodes", "host_processors_per_node", "accelerators_per_node")
+SYSTEM_TEXT_FIELDS = tuple(f for f in SYSTEM_REQUIRED_FIELDS if f not in SYSTEM_INT_FIELDS)
+# The official system description checker (mlperf_logging.system_desc_checker) also wants these.
+SYSTEM_DESC_CHECKER_FIELDS = (
+    "host_processor_core_count",
+    "host_processor_vcpu_count",
+    "host_processor_frequency",
+    "host_processor_caches",
+    "host_processor_interconnect",
+    "host_memory_capacity",
+    "host_storage_type",
+    "host_storage_capacity",
+    "host_networking",
+    "host_networking_topology",
+    "host_memory_configuration",
+    "accelerator_host_interconnect",
+    "accelerator_frequency",
+    "accelerator_on-chip_memories",
+    "accelerator_memory_configuration",
+    "accelerator_memory_capacity",
+    "accelerator_interconnect",
+    "accelerator_interconnect_topology",
+    "cooling",
+    "other_software_stack",
+    "operating_system",
+)
+DIVISIONS = ("closed", "open")
 
 
 @dataclass(frozen=True)
@@ -51,49 +85,86 @@ class EntryDir:
         return self.org_dir / "results" / self.system / self.scaling / self.benchmark
 
 
-def _result_order(path: Path) -> tuple[int, str]:
-    index = path.stem.rsplit("_", 1)[-1]
-    return (int(index) if index.isdigit() else 1 << 30, path.name)
+@dataclass(frozen=True)
+class SystemDesc:
+    """A systems/<system>.json as far as it could be read."""
+
+    fields: dict[str, Any] | None
+    """The JSON object, or None when missing or unreadable."""
+    findings: tuple[Finding, ...]
+
+    @property
+    def division(self) -> str | None:
+        value = None if self.fields is None else self.fields.get("division")
+        return value if isinstance(value, str) else None
 
 
-def _subdirs(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir())
+def link_out(path: Path, root: Path) -> str | None:
+    """Why `path` must not be followed (a link out of `root`, or a loop), or None."""
+    if not path.is_symlink():
+        return None
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError):
+        return "is a symbolic link loop"
+    if target == root or root in target.parents:
+        return None
+    return f"is a symbolic link to {target}, outside the submission"
 
 
-def find_org_dirs(root: Path) -> list[Path]:
+def _symlink_finding(path: Path, why: str) -> Finding:
+    return error(path, RULE_SYMLINK, f"{why}; not read", fix="copy the file into the submission")
+
+
+def _subdirs(folder: Path, root: Path, findings: list[Finding]) -> list[Path]:
+    found: list[Path] = []
+    for path in sorted(folder.iterdir()):
+        why = link_out(path, root)
+        if why is not None:
+            findings.append(_symlink_finding(path, why))
+        elif path.is_dir():
+            found.append(path)
+    return found
+
+
+def find_org_dirs(root: Path) -> tuple[list[Path], list[Finding]]:
     """[root] when it is one organisation (has results/), else its subfolders that are."""
     root = Path(root)
     if not root.is_dir():
         raise SubmissionError(f"{root} is not a folder; pass an organisation's or a round's folder")
     if (root / "results").is_dir():
-        return [root]
-    orgs = [d for d in _subdirs(root) if (d / "results").is_dir()]
+        return [root], []
+    findings: list[Finding] = []
+    orgs = [d for d in _subdirs(root, root, findings) if (d / "results").is_dir()]
     if not orgs:
         raise SubmissionError(
             f"{root} holds no results/ folder, nor do its subfolders; pass an organisation's "
             "folder (with systems/ and results/) or a folder of them"
         )
-    return orgs
+    return orgs, findings
 
 
-def find_entries(org_dir: Path) -> tuple[list[EntryDir], list[Finding]]:
+def _result_order(path: Path) -> tuple[int, str]:
+    index = path.stem.rsplit("_", 1)[-1]
+    return (int(index) if index.isdigit() else 1 << 30, path.name)
+
+
+def find_entries(org_dir: Path, root: Path) -> tuple[list[EntryDir], list[Finding]]:
     """The entries under org_dir/results, and findings for folders that fit no entry."""
     entries: list[EntryDir] = []
     findings: list[Finding] = []
-    for system_dir in _subdirs(org_dir / "results"):
-        for scaling_dir in _subdirs(system_dir):
+    for system_dir in _subdirs(org_dir / "results", root, findings):
+        for scaling_dir in _subdirs(system_dir, root, findings):
             if scaling_dir.name not in SCALINGS:
-                findings.append(
-                    error(
-                        scaling_dir,
-                        RULE_LAYOUT,
-                        f"unknown scaling folder {scaling_dir.name!r}; use 'strong' or 'weak'",
-                    )
-                )
+                message = f"unknown scaling folder {scaling_dir.name!r}"
+                findings.append(error(scaling_dir, RULE_LAYOUT, message, fix="use 'strong' or 'weak'"))
                 continue
             scaling: Scaling = "strong" if scaling_dir.name == "strong" else "weak"
-            for bench_dir in _subdirs(scaling_dir):
-                files = sorted((p for p in bench_dir.glob(RESULT_GLOB) if p.is_file()), key=_result_order)
+            for bench_dir in _subdirs(scaling_dir, root, findings):
+                files = sorted(
+                    (p for p in bench_dir.glob(RESULT_GLOB) if p.is_file() or p.is_symlink()),
+                    key=_result_order,
+                )
                 entries.append(EntryDir(org_dir, system_dir.name, scaling, bench_dir.name, tuple(files)))
     return entries, findings
 
@@ -109,38 +180,79 @@ def known_benchmarks(ruleset: str) -> list[str]:
     return sorted({*allowed, *OWN_RESULT_COUNTS})
 
 
-def check_system_json(org_dir: Path, system: str) -> list[Finding]:
-    """systems/<system>.json exists, is a JSON object and has every required field."""
-    path = system_json_path(org_dir, system)
+def _read_system_json(path: Path, root: Path) -> tuple[Any, Finding | None]:
+    why = link_out(path, root)
+    if why is not None:
+        return None, _symlink_finding(path, why)
+    fix = "write systems/<system>.json as one JSON object of the system's fields"
     if not path.is_file():
-        return [error(path, RULE_SYSTEM_JSON, f"missing: results/{system} needs {path.name} in systems/")]
+        return None, error(path, RULE_SYSTEM_JSON, f"missing: results/{path.stem} needs it", fix=fix)
     try:
-        desc = json.loads(path.read_bytes().decode("utf-8"))
+        if path.stat().st_size > MAX_SYSTEM_JSON_BYTES:
+            return None, error(path, RULE_SYSTEM_JSON, "larger than 1 MiB: not a system description", fix=fix)
+        return json.loads(path.read_bytes().decode("utf-8")), None
     except UnicodeDecodeError as e:
-        return [error(path, RULE_SYSTEM_JSON, f"not UTF-8 text: {e.reason} at byte {e.start}")]
+        return None, error(path, RULE_SYSTEM_JSON, f"not UTF-8 text: {e.reason} at byte {e.start}", fix=fix)
     except json.JSONDecodeError as e:
-        return [error(path, RULE_SYSTEM_JSON, f"not valid JSON: {e.msg}", line=e.lineno)]
+        return None, error(path, RULE_SYSTEM_JSON, f"not valid JSON: {e.msg}", line=e.lineno, fix=fix)
+    except RecursionError:
+        return None, error(path, RULE_SYSTEM_JSON, "JSON nested too deeply", fix=fix)
     except OSError as e:
-        return [error(path, RULE_SYSTEM_JSON, f"cannot read: {e.strerror or e}")]
-    if not isinstance(desc, dict):
-        return [error(path, RULE_SYSTEM_JSON, "must hold a JSON object of system fields")]
+        return None, error(path, RULE_SYSTEM_JSON, f"cannot read: {e.strerror or e}", fix=fix)
+
+
+def _field_findings(path: Path, desc: dict[str, Any]) -> list[Finding]:
+    findings: list[Finding] = []
     missing = [f for f in SYSTEM_REQUIRED_FIELDS if f not in desc]
     if missing:
-        return [error(path, RULE_SYSTEM_JSON, f"missing required field(s): {', '.join(missing)}")]
-    return []
+        message = f"missing required field(s): {', '.join(missing)}"
+        findings.append(
+            error(path, RULE_SYSTEM_JSON, message, fix="add them; the summarizer skips the system")
+        )
+    for name in SYSTEM_INT_FIELDS:
+        value = desc.get(name)
+        if name in desc and (isinstance(value, bool) or not _is_int(value)):
+            message = f"{name}={value!r} is not a whole number"
+            findings.append(error(path, RULE_SYSTEM_JSON, message, fix=f'write it as e.g. "{name}": "4"'))
+    for name in SYSTEM_TEXT_FIELDS:
+        if name in desc and not isinstance(desc[name], str):
+            message = f"{name}={desc[name]!r} is not a string"
+            findings.append(error(path, RULE_SYSTEM_JSON, message, fix="write the value in quotes"))
+    if isinstance(desc.get("division"), str) and desc["division"] not in DIVISIONS:
+        message = f"division={desc['division']!r}"
+        findings.append(error(path, RULE_SYSTEM_JSON, message, fix="use 'closed' or 'open'"))
+    more = [f for f in SYSTEM_DESC_CHECKER_FIELDS if f not in desc]
+    if more:
+        message = f"the official system description checker also wants: {', '.join(more)}"
+        findings.append(warning(path, RULE_SYSTEM_JSON, message, fix="add them (an empty string will do)"))
+    return findings
+
+
+def _is_int(value: Any) -> bool:
+    try:
+        int(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+def load_system(org_dir: Path, system: str, root: Path) -> SystemDesc:
+    """systems/<system>.json read, and checked: a JSON object with every required field, typed."""
+    path = system_json_path(org_dir, system)
+    desc, problem = _read_system_json(path, root)
+    if problem is not None:
+        return SystemDesc(None, (problem,))
+    if not isinstance(desc, dict):
+        return SystemDesc(None, (error(path, RULE_SYSTEM_JSON, "must hold a JSON object of system fields"),))
+    return SystemDesc(desc, tuple(_field_findings(path, desc)))
 
 
 def check_benchmark_name(entry: EntryDir, ruleset: str) -> list[Finding]:
     known = known_benchmarks(ruleset)
     if entry.benchmark in known:
         return []
-    return [
-        error(
-            entry.path,
-            RULE_BENCHMARK,
-            f"no benchmark {entry.benchmark!r} in HPC ruleset {ruleset}; known: {', '.join(known)}",
-        )
-    ]
+    message = f"no benchmark {entry.benchmark!r} in HPC ruleset {ruleset}"
+    return [error(entry.path, RULE_BENCHMARK, message, fix=f"use one of {', '.join(known)}")]
 
 
 def check_run_count(entry: EntryDir) -> list[Finding]:
@@ -151,10 +263,10 @@ def check_run_count(entry: EntryDir) -> list[Finding]:
         return []  # check_benchmark_name reports it
     if entry.scaling == "strong" and found != required:
         message = f"{found} {RESULT_GLOB} file(s), strong scaling needs exactly {required}"
-        return [error(entry.path, RULE_RUN_COUNT, message)]
+        return [error(entry.path, RULE_RUN_COUNT, message, fix=f"submit {required} runs")]
     if entry.scaling == "weak" and found < required:
         message = f"{found} {RESULT_GLOB} file(s), weak scaling needs at least {required}"
-        return [error(entry.path, RULE_RUN_COUNT, message)]
+        return [error(entry.path, RULE_RUN_COUNT, message, fix=f"submit at least {required} models")]
     return []
 
 
@@ -164,8 +276,8 @@ def check_stray_files(entry: EntryDir) -> list[Finding]:
     stray = sorted(p.name for p in entry.path.iterdir() if p not in results and p.name not in ALLOWED_EXTRA)
     if not stray:
         return []
-    message = f"unexpected file(s) {', '.join(stray)}; results must be named {RESULT_GLOB}"
-    return [warning(entry.path, RULE_LAYOUT, message)]
+    message = f"unexpected file(s) {', '.join(stray)}"
+    return [warning(entry.path, RULE_LAYOUT, message, fix=f"name results {RESULT_GLOB}; move the rest out")]
 
 
 def check_implementation(org_dir: Path, benchmark: str) -> list[Finding]:
@@ -173,5 +285,5 @@ def check_implementation(org_dir: Path, benchmark: str) -> list[Finding]:
     folder = Path(org_dir) / "benchmarks" / benchmark / "implementations"
     if folder.is_dir():
         return []
-    message = f"no {folder.relative_to(org_dir)}/ folder: add the code that produced these results"
-    return [warning(folder, RULE_IMPLEMENTATION, message)]
+    message = f"no {folder.relative_to(org_dir)}/ folder"
+    return [warning(folder, RULE_IMPLEMENTATION, message, fix="add the code that produced these results")]

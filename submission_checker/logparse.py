@@ -1,17 +1,28 @@
-"""Read the few facts the checker needs from one `:::MLLOG` result file, with real line numbers.
+"""Read the facts the checker needs from one `:::MLLOG` result file, with real line numbers.
 
 Lines are picked and decoded the way `mlperf_logging`'s parser does it (latin-1, any line holding
-`:::MLLOG `, text from its last occurrence), so times match the official result summarizer's.
+`:::MLLOG `, text from its last occurrence), so times match the official result summarizer's and
+the RCP reader sees what the official one sees.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .rcp import RcpRead, RcpReader
+
 TOKEN = ":::MLLOG "
+EVAL_KEYS = ("eval_error", "eval_accuracy")
+# A plot needs no more; a log with more eval lines than this is broken anyway.
+MAX_EVAL_POINTS = 5_000
+# The official parser's regex takes quadratic time in the length of a `:::MLLOG` line (30 KB: half
+# a second, 1 MB: minutes); the longest line in the published HPC rounds has 410 characters.
+MAX_MLLOG_LINE_CHARS = 16 * 1024
+# How far `sniff_log` reads looking for run_start (real logs have it within the first 100 lines).
+SNIFF_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,21 @@ class RunLog:
     """(seed value as JSON text, line) for each `seed` line."""
     number_of_nodes: Any = None
     accelerators_per_node: Any = None
+    benchmark: str | None = None
+    """Value of the first `submission_benchmark` line."""
+    division: str | None = None
+    """Value of the first `submission_division` line."""
+    global_batch_size: Any = None
+    staging_before_run_start: bool = False
+    """staging_start comes before run_start (allowed from HPC 3.0.0 on)."""
+    backwards: tuple[int, int] | None = None
+    """(how many lines, first line) whose time_ms is earlier than the line before."""
+    evals: tuple[tuple[str, float, float], ...] = ()
+    """(key, epoch_num, value) of each eval_error / eval_accuracy line up to run_stop."""
+    rcp: RcpRead = field(default_factory=lambda: RcpReader().result())
+    """Epochs to converge and batch size as the official RCP checker reads them."""
+    long_line: tuple[int, int] | None = None
+    """(line, characters) of the first `:::MLLOG` line longer than MAX_MLLOG_LINE_CHARS."""
 
     @property
     def has_start_stop(self) -> bool:
@@ -45,31 +71,106 @@ class RunLog:
         """Accelerators one model uses: number_of_nodes × max(accelerators_per_node, 1)."""
         try:
             return int(self.number_of_nodes) * max(int(self.accelerators_per_node), 1)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return None
 
 
-def decode_mllog(text: str) -> dict[str, Any]:
-    """Decode one line that holds `:::MLLOG `; raise ValueError saying what is wrong."""
+@dataclass(frozen=True)
+class LogSniff:
+    """The little `detect_ruleset` needs, read from the head of a file."""
+
+    benchmark: str | None
+    run_start_ms: float | None
+    staging_before_run_start: bool
+
+
+def json_part(text: str) -> str | None:
+    """The JSON text after the last `:::MLLOG ` in a line, or None when nothing follows it."""
     line = text[text.rindex(TOKEN) :].strip()
-    if not line.startswith(TOKEN):
-        raise ValueError("nothing after ':::MLLOG'")
+    return line[len(TOKEN) :] if line.startswith(TOKEN) else None
+
+
+def _load(part: str) -> Any:
     try:
-        record = json.loads(line[len(TOKEN) :])
+        return json.loads(part)
     except json.JSONDecodeError as e:
         raise ValueError(f"not JSON after ':::MLLOG': {e}") from e
     except RecursionError as e:
         raise ValueError("the JSON after ':::MLLOG' is nested too deeply") from e
+
+
+def _validate(record: Any) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise ValueError("the JSON after ':::MLLOG' is not an object")
     missing = [k for k in ("time_ms", "key", "value", "metadata") if k not in record]
     if missing:
         raise ValueError(f"the record lacks {', '.join(missing)}")
     try:
-        record["time_ms"] = float(record["time_ms"])
-    except (TypeError, ValueError) as e:
+        time_ms = float(record["time_ms"])
+    except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"time_ms={record['time_ms']!r} is not a number") from e
-    return record
+    return {**record, "time_ms": time_ms}
+
+
+def decode_mllog(text: str) -> dict[str, Any]:
+    """Decode one line that holds `:::MLLOG `; raise ValueError saying what is wrong."""
+    part = json_part(text)
+    if part is None:
+        raise ValueError("nothing after ':::MLLOG'")
+    return _validate(_load(part))
+
+
+class _Collector:
+    """State of one pass over a log; `parse_log` feeds it decoded records."""
+
+    def __init__(self) -> None:
+        self.start: tuple[float, int] | None = None
+        self.stop: tuple[float, int, str | None] | None = None
+        self.first: dict[str, Any] = {}
+        self.seeds: list[tuple[str, int]] = []
+        self.evals: list[tuple[str, float, float]] = []
+        self.staging_first = False
+        self.last_ms = float("-inf")
+        self.backwards = 0
+        self.backwards_line: int | None = None
+
+    def add(self, record: dict[str, Any], number: int) -> None:
+        key, metadata, time_ms = record["key"], record["metadata"], record["time_ms"]
+        if time_ms < self.last_ms:
+            self.backwards += 1
+            self.backwards_line = self.backwards_line or number
+        self.last_ms = time_ms
+        # As mlperf_logging's result summarizer: take run_start/run_stop until both are seen.
+        if self.start is None or self.stop is None:
+            if key == "run_start":
+                self.start = (time_ms, number)
+            elif key == "run_stop":
+                status = metadata.get("status") if isinstance(metadata, dict) else None
+                self.stop = (time_ms, number, None if status is None else str(status))
+        if key == "staging_start" and self.start is None:
+            self.staging_first = True
+        if isinstance(key, str) and key not in self.first:
+            self.first[key] = record["value"]
+        if key == "seed":
+            self.seeds.append((json.dumps(record["value"], sort_keys=True), number))
+        if key in EVAL_KEYS and self.stop is None and len(self.evals) < MAX_EVAL_POINTS:
+            point = _eval_point(key, record)
+            if point is not None:
+                self.evals.append(point)
+
+
+def _eval_point(key: str, record: dict[str, Any]) -> tuple[str, float, float] | None:
+    metadata = record["metadata"]
+    try:
+        epoch = float(metadata["epoch_num"])
+        value = float(record["value"])
+    except (TypeError, ValueError, KeyError, OverflowError):
+        return None
+    return key, epoch, value
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def parse_log(path: Path | str) -> RunLog:
@@ -77,37 +178,29 @@ def parse_log(path: Path | str) -> RunLog:
     mllog_lines: list[int] = []
     errors: list[tuple[int, str]] = []
     binary = False
-    start: tuple[float, int] | None = None
-    stop: tuple[float, int, str | None] | None = None
-    nodes: Any = None
-    accels: Any = None
-    seeds: list[tuple[str, int]] = []
+    long_line: tuple[int, int] | None = None
+    state = _Collector()
+    rcp = RcpReader()
     with open(path, encoding="latin-1") as handle:
         for number, text in enumerate(handle, start=1):
             binary = binary or "\x00" in text
             if TOKEN not in text:
                 continue
             mllog_lines.append(number)
+            if long_line is None and len(text) > MAX_MLLOG_LINE_CHARS:
+                long_line = (number, len(text))
+            part = json_part(text)
+            if part is None:
+                errors.append((number, "nothing after ':::MLLOG'"))
+                continue
+            raw: Any = None
             try:
-                record = decode_mllog(text)
+                raw = _load(part)
+                state.add(_validate(raw), number)
             except ValueError as e:
                 errors.append((number, str(e)))
-                continue
-            key, metadata = record["key"], record["metadata"]
-            # As mlperf_logging's result summarizer: take run_start/run_stop until both are seen.
-            if start is None or stop is None:
-                if key == "run_start":
-                    start = (record["time_ms"], number)
-                elif key == "run_stop":
-                    status = metadata.get("status") if isinstance(metadata, dict) else None
-                    stop = (record["time_ms"], number, None if status is None else str(status))
-            if nodes is None or accels is None:
-                if key == "number_of_nodes":
-                    nodes = record["value"]
-                elif key == "accelerators_per_node":
-                    accels = record["value"]
-            if key == "seed":
-                seeds.append((json.dumps(record["value"], sort_keys=True), number))
+            rcp.feed(part, number, raw)
+    start, stop, first = state.start, state.stop, state.first
     return RunLog(
         path=str(path),
         mllog_lines=tuple(mllog_lines),
@@ -118,10 +211,47 @@ def parse_log(path: Path | str) -> RunLog:
         run_stop_ms=None if stop is None else stop[0],
         run_stop_line=None if stop is None else stop[1],
         run_stop_status=None if stop is None else stop[2],
-        seeds=tuple(seeds),
-        number_of_nodes=nodes,
-        accelerators_per_node=accels,
+        seeds=tuple(state.seeds),
+        number_of_nodes=first.get("number_of_nodes"),
+        accelerators_per_node=first.get("accelerators_per_node"),
+        benchmark=_text(first.get("submission_benchmark")),
+        division=_text(first.get("submission_division")),
+        global_batch_size=first.get("global_batch_size"),
+        staging_before_run_start=state.staging_first,
+        backwards=None if not state.backwards else (state.backwards, state.backwards_line or 0),
+        evals=tuple(state.evals),
+        rcp=rcp.result(),
+        long_line=long_line,
     )
+
+
+def sniff_log(path: Path | str) -> LogSniff:
+    """Benchmark, run_start time and staging order from the head of a file; never raises."""
+    benchmark: str | None = None
+    staging = False
+    try:
+        with open(path, encoding="latin-1") as handle:
+            read = 0
+            for text in handle:
+                read += len(text)
+                if read > SNIFF_BYTES:
+                    break
+                if TOKEN not in text:
+                    continue
+                try:
+                    record = decode_mllog(text)
+                except ValueError:
+                    continue
+                key = record["key"]
+                if key == "submission_benchmark" and benchmark is None:
+                    benchmark = _text(record["value"])
+                elif key == "staging_start":
+                    staging = True
+                elif key == "run_start":
+                    return LogSniff(benchmark, record["time_ms"], staging)
+    except OSError:
+        pass
+    return LogSniff(benchmark, None, staging)
 
 
 def find_line(path: Path | str, text: str) -> int | None:

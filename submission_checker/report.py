@@ -9,6 +9,7 @@ from typing import Any
 from mlhpc.common.layout import Scaling
 
 from .findings import Finding
+from .rcp import RcpResult
 
 
 @dataclass(frozen=True)
@@ -18,9 +19,21 @@ class RunReport:
     minutes: float | None
     """Time to train; None when run_start or run_stop is missing."""
     compliant: bool
+    dropped: str | None = None
+    """Why the score leaves this run out: "fastest", "slowest", "not counted"; None if kept."""
+    epochs: float | None = None
+    """Epochs to converge as the RCP checker reads them (None when it did not converge)."""
+    evals: tuple[tuple[float, float], ...] = ()
+    """(epoch, eval metric) up to run_stop, for the convergence plot; not in the JSON."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "minutes": self.minutes, "compliant": self.compliant}
+        return {
+            "file": self.file,
+            "minutes": self.minutes,
+            "compliant": self.compliant,
+            "dropped": self.dropped,
+            "epochs": self.epochs,
+        }
 
 
 @dataclass(frozen=True)
@@ -40,7 +53,20 @@ class EntryReport:
     """Weak scaling only: counted models / score_raw_min."""
     findings: tuple[Finding, ...]
     rcp_scaling_factor: float = 1.0
-    """RCP scaling factor (1.0 until the RCP check sets one); not in the JSON yet."""
+    """The factor the official summarizer scores with (RCP check, else a scaling.json, else 1)."""
+    division: str | None = None
+    rcp: RcpResult | None = None
+    """The RCP decision; None where the official tools take none (open division)."""
+    num_models: int | None = None
+    """Weak scaling: M, the compliant models counted."""
+    instance_scale: int | None = None
+    """Weak scaling: S, accelerators per model."""
+    metric: str | None = None
+    """The eval key the runs' convergence is measured by (eval_error, eval_accuracy)."""
+
+    @property
+    def dropped_runs(self) -> int:
+        return sum(r.dropped == "not counted" for r in self.runs)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,10 +74,15 @@ class EntryReport:
             "system": self.system,
             "benchmark": self.benchmark,
             "scaling": self.scaling,
+            "division": self.division,
             "runs": [r.to_json() for r in self.runs],
             "score_raw_min": self.score_raw_min,
             "score_min": self.score_min,
+            "rcp_scaling_factor": self.rcp_scaling_factor,
             "models_per_min": self.models_per_min,
+            "num_models": self.num_models,
+            "instance_scale": self.instance_scale,
+            "rcp": None if self.rcp is None else self.rcp.to_json(),
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -65,6 +96,8 @@ class CheckReport:
     entries: tuple[EntryReport, ...]
     findings: tuple[Finding, ...] = field(default=())
     """Findings that belong to no entry (system descriptions, layout, implementations)."""
+    ruleset_reason: str = "--ruleset"
+    """How the ruleset was chosen."""
 
     def all_findings(self) -> Iterator[Finding]:
         yield from self.findings
@@ -87,6 +120,8 @@ class CheckReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "ruleset": self.ruleset,
+            "ruleset_reason": self.ruleset_reason,
             "entries": [e.to_json() for e in self.entries],
             "findings": [f.to_dict() for f in self.findings],
         }

@@ -14,48 +14,73 @@ from .findings import (
     RULE_COMPLIANCE,
     RULE_INSTANCE_SCALE,
     RULE_LOG_PARSE,
+    RULE_RUN_SCALE,
     RULE_RUN_START_STOP,
     RULE_RUN_STATUS,
     RULE_SCORE,
     RULE_SEED,
+    RULE_SEED_MISSING,
+    RULE_TIMESTAMPS,
     Finding,
     error,
     warning,
 )
+from .logparse import RunLog
 from .scoring import MAX_DROPPED_RUNS, RunTiming
 
 # Enough bad lines to see the pattern; a thousand of them help nobody.
 MAX_PARSE_FINDINGS = 5
+FIX_LOG = "rerun, or restore the file as the run wrote it"
 
 
 def check_log_file(analysis: LogAnalysis) -> list[Finding]:
-    """Everything wrong with one result file, as warnings; the file's run is dropped if any."""
+    """Everything wrong with one result file; the file's run is dropped if any is a warning here."""
     path, log = analysis.path, analysis.log
+    if analysis.refused is not None:
+        rule, message, fix = analysis.refused
+        return [warning(path, rule, message, fix=fix)]
     if log is None:
-        return [warning(path, RULE_LOG_PARSE, m.text, m.line) for m in analysis.messages]
+        return [warning(path, RULE_LOG_PARSE, m.text, m.line, fix=FIX_LOG) for m in analysis.messages]
     if not log.mllog_lines:
         what = "binary data (NUL bytes)" if log.binary else "no ':::MLLOG ' line"
-        return [warning(path, RULE_LOG_PARSE, f"not an MLPerf log: {what}; the run is dropped")]
+        return [warning(path, RULE_LOG_PARSE, f"not an MLPerf log: {what}; the run is dropped", fix=FIX_LOG)]
     findings: list[Finding] = []
     if log.binary:
-        findings.append(warning(path, RULE_LOG_PARSE, "holds NUL bytes (binary data)"))
+        findings.append(warning(path, RULE_LOG_PARSE, "holds NUL bytes (binary data)", fix=FIX_LOG))
     for line, problem in log.parse_errors[:MAX_PARSE_FINDINGS]:
-        findings.append(warning(path, RULE_LOG_PARSE, f"bad :::MLLOG line: {problem}", line))
+        findings.append(warning(path, RULE_LOG_PARSE, f"bad :::MLLOG line: {problem}", line, fix=FIX_LOG))
     if len(log.parse_errors) > MAX_PARSE_FINDINGS:
         more = len(log.parse_errors) - MAX_PARSE_FINDINGS
-        findings.append(warning(path, RULE_LOG_PARSE, f"{more} more bad :::MLLOG line(s)"))
+        findings.append(warning(path, RULE_LOG_PARSE, f"{more} more bad :::MLLOG line(s)", fix=FIX_LOG))
+    findings += _timing_findings(path, log)
+    for m in analysis.messages:
+        fix = "log what the rule asks for (mlperf_logging compliance_checker rules of this ruleset)"
+        findings.append(warning(path, RULE_COMPLIANCE, m.text, m.line, fix=fix))
+    return findings
+
+
+def _timing_findings(path: str, log: RunLog) -> list[Finding]:
+    findings: list[Finding] = []
     if log.run_start_ms is None or log.run_stop_ms is None:
         missing = " and ".join(
             k for k, v in (("run_start", log.run_start_ms), ("run_stop", log.run_stop_ms)) if v is None
         )
         message = f"no {missing}: the run has no time to train (truncated log?)"
-        findings.append(warning(path, RULE_RUN_START_STOP, message))
+        findings.append(warning(path, RULE_RUN_START_STOP, message, fix=FIX_LOG))
+    elif log.run_stop_ms < log.run_start_ms:
+        message = "run_stop is earlier than run_start: the time to train is negative"
+        fix = "log run_stop after training; check the clock of the logging rank"
+        findings.append(error(path, RULE_TIMESTAMPS, message, log.run_stop_line, fix=fix))
     if log.run_stop_ms is not None and log.run_stop_status != "success":
         status = "no status" if log.run_stop_status is None else f"status {log.run_stop_status!r}"
-        message = f"run_stop has {status}; a converged run logs status 'success'"
-        findings.append(warning(path, RULE_RUN_STATUS, message, log.run_stop_line))
-    for m in analysis.messages:
-        findings.append(warning(path, RULE_COMPLIANCE, m.text, m.line))
+        message = f"run_stop has {status}; the RCP checker counts the run as not converged"
+        fix = "log metadata status 'success' when the target is reached"
+        findings.append(warning(path, RULE_RUN_STATUS, message, log.run_stop_line, fix=fix))
+    if log.backwards is not None:
+        count, line = log.backwards
+        message = f"time_ms goes backwards on {count} line(s), first here"
+        fix = "log from one rank, or from ranks whose clocks agree"
+        findings.append(warning(path, RULE_TIMESTAMPS, message, line, fix=fix))
     return findings
 
 
@@ -69,10 +94,21 @@ def run_timing(analysis: LogAnalysis) -> RunTiming:
     )
 
 
-def check_seeds(analyses: Sequence[LogAnalysis]) -> list[Finding]:
-    """Runs of one entry must not share a seed (checked only where seeds are logged)."""
+def check_seeds(entry_path: Path, analyses: Sequence[LogAnalysis], *, closed: bool) -> list[Finding]:
+    """Closed division: every run logs a seed, and no two runs of one entry share one."""
+    if not closed:
+        return []
     first_seen: dict[str, str] = {}
     findings: list[Finding] = []
+    unseeded = [
+        Path(a.path).name for a in analyses if a.log is not None and a.log.mllog_lines and not a.log.seeds
+    ]
+    if unseeded:
+        listed = ", ".join(unseeded[:3]) + (f" and {len(unseeded) - 3} more" if len(unseeded) > 3 else "")
+        message = f"{len(unseeded)} run(s) log no seed ({listed}); the official seed checker fails it"
+        findings.append(
+            warning(entry_path, RULE_SEED_MISSING, message, fix="log the seed with mllog (key 'seed')")
+        )
     for analysis in analyses:
         if analysis.log is None:
             continue
@@ -82,12 +118,32 @@ def check_seeds(analyses: Sequence[LogAnalysis]) -> list[Finding]:
                 continue  # one run may log its seed more than once
             reported.add(seed)
             if seed in first_seen:
-                other = Path(first_seen[seed]).name
-                message = f"seed {seed} is also the seed of {other}; give every run its own seed"
-                findings.append(error(analysis.path, RULE_SEED, message, line))
+                message = f"seed {seed} is also the seed of {Path(first_seen[seed]).name}"
+                findings.append(
+                    error(analysis.path, RULE_SEED, message, line, fix="give every run its own seed")
+                )
             else:
                 first_seen[seed] = analysis.path
     return findings
+
+
+def check_run_scale(entry_path: Path, analyses: Sequence[LogAnalysis]) -> list[Finding]:
+    """Every run of one entry logs the same number_of_nodes and accelerators_per_node."""
+    scales: dict[str, list[str]] = {}
+    for a in analyses:
+        if a.log is None or (a.log.number_of_nodes is None and a.log.accelerators_per_node is None):
+            continue
+        label = f"{a.log.number_of_nodes} node(s) × {a.log.accelerators_per_node} accelerator(s)"
+        scales.setdefault(label, []).append(Path(a.path).name)
+    if len(scales) <= 1:
+        return []
+    listed = "; ".join(f"{label} in {', '.join(files[:3])}" for label, files in sorted(scales.items()))
+    message = f"runs use different scales: {listed}"
+    return [
+        error(
+            entry_path, RULE_RUN_SCALE, message, fix="run every result of one entry on the same system size"
+        )
+    ]
 
 
 def check_instance_scale(entry_path: Path, analyses: Sequence[LogAnalysis]) -> list[Finding]:
@@ -100,8 +156,8 @@ def check_instance_scale(entry_path: Path, analyses: Sequence[LogAnalysis]) -> l
     if len(scales) <= 1:
         return []
     listed = ", ".join(str(s) for s in sorted(scales))
-    message = f"models use different numbers of accelerators ({listed}); weak scaling needs one size"
-    return [error(entry_path, RULE_INSTANCE_SCALE, message)]
+    message = f"models use different numbers of accelerators ({listed}); the official summarizer stops here"
+    return [error(entry_path, RULE_INSTANCE_SCALE, message, fix="train every model on the same size")]
 
 
 def check_strong_score(entry_path: Path, runs: Sequence[RunTiming]) -> list[Finding]:
@@ -110,9 +166,9 @@ def check_strong_score(entry_path: Path, runs: Sequence[RunTiming]) -> list[Find
         return []
     message = (
         f"no score: {len(dropped)} runs dropped ({', '.join(dropped)}), olympic scoring "
-        f"drops at most {MAX_DROPPED_RUNS}; fix or rerun them"
+        f"drops at most {MAX_DROPPED_RUNS}"
     )
-    return [error(entry_path, RULE_SCORE, message)]
+    return [error(entry_path, RULE_SCORE, message, fix="fix or rerun the dropped runs")]
 
 
 def check_weak_score(entry_path: Path, runs: Sequence[RunTiming], required: int | None) -> list[Finding]:
@@ -120,4 +176,4 @@ def check_weak_score(entry_path: Path, runs: Sequence[RunTiming], required: int 
     if required is None or counted >= required:
         return []
     message = f"no score: {counted} compliant model(s), weak scaling needs at least {required}"
-    return [error(entry_path, RULE_SCORE, message)]
+    return [error(entry_path, RULE_SCORE, message, fix="fix or rerun the dropped models")]

@@ -1,7 +1,7 @@
 """Pure scoring functions, as `mlperf_logging.result_summarizer` computes HPC scores.
 
-None of them changes its inputs or touches the file system. The RCP scaling factor is applied in
-`apply_scaling_factor` (1.0 until the RCP check is wired in).
+None of them changes its inputs or touches the file system. The RCP scaling factor (from
+`rcp.check_rcp`) is applied in `apply_scaling_factor`.
 """
 
 from __future__ import annotations
@@ -71,6 +71,23 @@ def strong_score(runs: Sequence[RunTiming], *, max_dropped: int = MAX_DROPPED_RU
     minutes = [r.minutes for r in runs if r.counts]
     dropped = len(runs) - len(minutes)
     return olympic_mean([m for m in minutes if m is not None], dropped=dropped, max_dropped=max_dropped)
+
+
+def olympic_drops(runs: Sequence[RunTiming], *, max_dropped: int = MAX_DROPPED_RUNS) -> list[str | None]:
+    """Per run, why olympic scoring leaves it out ("fastest", "slowest", "not counted"), or None.
+
+    Runs that do not count (non-compliant or untimed) take the slowest places first, as in
+    `olympic_mean`; ties go to the earlier file.
+    """
+    roles: list[str | None] = [None if r.counts else "not counted" for r in runs]
+    counted = sorted((r.minutes or 0.0, i) for i, r in enumerate(runs) if r.counts)
+    dropped = len(runs) - len(counted)
+    for _, i in counted[:max_dropped]:
+        roles[i] = "fastest"
+    slowest = max(0, max_dropped - dropped)
+    for _, i in counted[len(counted) - slowest :] if slowest else []:
+        roles[i] = roles[i] or "slowest"
+    return roles
 
 
 def apply_scaling_factor(raw_min: float | None, factor: float = 1.0) -> float | None:
