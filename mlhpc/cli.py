@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlhpc import __version__
-from mlhpc.common.errors import MlhpcError
+from mlhpc.common.errors import ConfigError, MlhpcError
+from mlhpc.staging.bench import add_bench_arguments
+from mlhpc.staging.plan import MODES
+from mlhpc.staging.stage import DEFAULT_WORKERS
 
 RULESETS = ("1.0.0", "2.0.0", "3.0.0")
 
@@ -61,14 +64,47 @@ def build_parser() -> argparse.ArgumentParser:
     stage = _command(
         sub,
         "stage",
-        "copy a dataset to node-local storage, verified",
-        "mlhpc stage /lustre/cosmoflow $MLHPC_LOCAL_DIR/cosmoflow",
+        "copy a dataset (directory or tar/tar.gz/tar.zst) to node-local storage, verified",
+        "mlhpc stage /lustre/cosmoflow $MLHPC_LOCAL_DIR/cosmoflow\n"
+        "srun -N 8 --ntasks-per-node=1 mlhpc stage /lustre/cosmoflow.tar.zst /local/cosmoflow --mode replicate\n"
+        "torchrun --nproc_per_node=2 -m mlhpc stage data/ /tmp/node{node} --each-rank-a-node --mode shard",
     )
-    stage.add_argument("src", type=Path)
-    stage.add_argument("dest", type=Path)
-    stage.add_argument("--workers", type=int, default=4, help="parallel copy threads per rank")
+    stage.add_argument("src", type=Path, help="dataset directory or archive")
+    stage.add_argument(
+        "dest", type=Path, nargs="?", help="node-local directory; {node} becomes the node index"
+    )
+    stage.add_argument(
+        "--mode",
+        choices=MODES,
+        default="replicate",
+        help="replicate: every node gets all, the source is read once (default); shard: each node 1/N; "
+        "copy: every node reads all",
+    )
+    stage.add_argument(
+        "--workers", type=int, default=DEFAULT_WORKERS, help=f"parallel copies per rank ({DEFAULT_WORKERS})"
+    )
+    stage.add_argument("--processes", type=int, default=None, help="worker processes per rank (default auto)")
+    stage.add_argument("--decompress", action="store_true", help="decompress .gz/.zst files while staging")
+    stage.add_argument("--no-direct-io", action="store_true", help="write through the page cache")
+    stage.add_argument("--chunk-mib", type=int, default=16, help="exchange chunk per node and round")
+    stage.add_argument("--comm", choices=("auto", "torch", "mpi"), default="auto", help="collectives backend")
+    stage.add_argument(
+        "--each-rank-a-node", action="store_true", help="treat every rank as a node (one-machine study)"
+    )
     stage.add_argument("--verify", action="store_true", help="only re-hash DEST against its manifest")
+    stage.add_argument(
+        "--make-manifest", action="store_true", help="write SRC's manifest (checksums to verify against)"
+    )
     stage.set_defaults(handler=_stage)
+
+    bench = _command(
+        sub,
+        "stage-bench",
+        "measure staging throughput against cp, tar and the raw disk (CSV, PNG, markdown)",
+        "mlhpc stage-bench --out runs/stage-bench --total-mib 512 --file-kib 64,1024,65536",
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(handler=_stage_bench)
 
     run = _command(
         sub,
@@ -153,18 +189,53 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from mlhpc.staging import stage_dataset, verify_staged
+    from mlhpc.staging import MANIFEST_NAME, build_manifest, make_comm, stage_dataset, verify_staged
+    from mlhpc.staging.archive import archive_kind, build_archive_manifest, sidecar_manifest
 
+    if args.make_manifest:
+        if archive_kind(args.src) is not None:
+            build_archive_manifest(args.src).write(written := sidecar_manifest(args.src))
+        else:
+            build_manifest(args.src, workers=args.workers).write(written := args.src / MANIFEST_NAME)
+        print(f"wrote {written}")
+        return 0
+    if args.dest is None:
+        raise ConfigError("mlhpc stage needs DEST (or --make-manifest); see mlhpc stage --help")
     if args.verify:
         count = verify_staged(args.dest)
         print(f"{args.dest}: {count} files verified")
         return 0
-    report = stage_dataset(args.src, args.dest, workers=args.workers)
-    rate = report.bytes / max(report.seconds, 1e-9) / 1e6
-    print(
-        f"staged {report.files} files, {report.bytes} bytes to {report.dest} in {report.seconds:.2f} s ({rate:.0f} MB/s)"
-    )
+    comm = make_comm(args.comm, each_rank_a_node=args.each_rank_a_node)
+    dest = Path(str(args.dest).replace("{node}", str(comm.topology.node)))
+    try:
+        report = stage_dataset(
+            args.src,
+            dest,
+            comm=comm,
+            mode=args.mode,
+            workers=args.workers,
+            processes=args.processes,
+            decompress=args.decompress,
+            direct_io=False if args.no_direct_io else None,
+            chunk_bytes=args.chunk_mib << 20,
+            progress=True,
+        )
+    finally:
+        comm.close()
+    if comm.rank == 0:
+        rate = report.bytes / max(report.seconds, 1e-9) / 1e6
+        print(
+            f"staged {report.files} files, {report.bytes} bytes to {report.dest} in {report.seconds:.2f} s "
+            f"({rate:.0f} MB/s; mode {report.mode}, {report.num_nodes} node(s)); copied {report.copied_files}, "
+            f"skipped {report.skipped_files} already staged; the job read {report.job_read_bytes} source bytes"
+        )
     return 0
+
+
+def _stage_bench(args: argparse.Namespace) -> int:
+    from mlhpc.staging.bench import run_bench
+
+    return run_bench(args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -23,7 +23,8 @@ from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.layout import implementation_dir, result_file, results_dir, system_json_path
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
-from mlhpc.staging import build_manifest, resolve_local_dir, stage_dataset
+from mlhpc.staging import CallbackComm, Communicator, build_manifest, resolve_local_dir, stage_dataset
+from mlhpc.staging.comm import mpi_available
 from mlhpc.staging.manifest import MANIFEST_NAME
 from mlhpc.system_desc import default_system_name, describe_system
 
@@ -86,6 +87,7 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
         org=opts.submitter, division=opts.division, status=opts.status, platform=system
     )
     local_root = resolve_local_dir(opts.local_dir)
+    comm = staging_comm(ctx)
     for index, seed in enumerate(seeds):
         path = result_file(org_dir, system, "strong", bench.name, index)
         stage_dir = local_root / f"mlhpc-stage-{bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
@@ -98,7 +100,7 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
                 log,
                 seed=seed,
                 submission=submission,
-                stage=lambda stage_dir=stage_dir: _stage(data_dir, stage_dir, ctx),
+                stage=lambda stage_dir=stage_dir: _stage(data_dir, stage_dir, ctx, comm),
                 staging_inside_run=opts.staging == "inside",
                 clear_cache=opts.clear_cache,
             )
@@ -173,12 +175,26 @@ def campaign_seeds(opts: RunOptions, ctx: DistContext) -> list[int]:
     return [first + i for i in range(opts.seeds)]
 
 
-def _stage(data_dir: Path, stage_dir: Path, ctx: DistContext) -> StagedData:
-    report = stage_dataset(
-        data_dir,
-        stage_dir,
-        local_rank=ctx.local_rank,
-        local_size=ctx.local_world_size,
-        barrier=ctx.node_barrier,
-    )
+def staging_comm(ctx: DistContext) -> Communicator:
+    """Staging's collectives: MPI when mpirun started the job and mpi4py is there, else the
+    torch.distributed group; under Horovod without mpi4py, only barriers (every node copies)."""
+    if not ctx.distributed:
+        return CallbackComm()
+    if ctx.launcher == "mpi" and mpi_available():
+        from mlhpc.staging.mpi_comm import MpiComm
+
+        return MpiComm()
+    if ctx.backend == "horovod":
+        node = ctx.rank // max(1, ctx.local_world_size)
+        return CallbackComm(
+            ctx.local_rank, ctx.local_world_size, ctx.barrier, node=node, num_nodes=ctx.num_nodes
+        )
+    from mlhpc.staging.torch_comm import TorchComm
+
+    return TorchComm()
+
+
+def _stage(data_dir: Path, stage_dir: Path, ctx: DistContext, comm: Communicator) -> StagedData:
+    """Every node gets the whole dataset (the loaders read all of it), the source read once."""
+    report = stage_dataset(data_dir, stage_dir, comm=comm, mode="replicate", progress=ctx.is_main)
     return StagedData(path=stage_dir, metadata=report.metadata())

@@ -1,7 +1,8 @@
 """The manifest of a dataset: relative path, size and checksum of every file.
 
-A generator writes it beside the data; staging verifies each copy against it, and computes
-it on the fly for a source that has none.
+A generator writes it beside the data (`mlhpc stage --make-manifest` for any dataset); staging
+verifies each copy against it, and for a source without one lists the files and computes the
+checksums on the fly from the bytes it copies.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ class FileEntry:
     """Path relative to the dataset root, with '/' separators."""
     size: int
     checksum: str
+    """Hex digest of the file's bytes; "" in a listing whose checksums are not known yet."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,10 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def has_checksums(self) -> bool:
+        return all(f.checksum for f in self.files)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,7 +68,18 @@ class Manifest:
         return cls(algorithm, files)
 
     def write(self, path: Path) -> None:
-        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+        """One file a line: readable, diffable, and fast to write for hundreds of thousands."""
+        lines = ",\n".join(
+            json.dumps({"path": f.path, "size": f.size, "checksum": f.checksum}) for f in self.files
+        )
+        atomic_write_text(path, f'{{"algorithm": {json.dumps(self.algorithm)}, "files": [\n{lines}\n]}}\n')
+
+    def digest(self) -> str:
+        """One checksum over every (path, size, checksum): equal digests mean equal copies."""
+        hasher = xxhash.xxh3_128()
+        for f in sorted(self.files, key=lambda f: f.path):
+            hasher.update(f"{f.path}\0{f.size}\0{f.checksum}\n".encode())
+        return hasher.hexdigest()
 
     @classmethod
     def read(cls, path: Path) -> Manifest:
@@ -103,11 +121,28 @@ def list_dataset_files(root: Path) -> list[str]:
     return sorted(found)
 
 
-def build_manifest(root: Path, algorithm: str = "xxh3_128", files: Iterable[str] | None = None) -> Manifest:
-    """Hash every file under `root` (or just `files`, relative paths)."""
+def scan_dataset(root: Path, algorithm: str = "xxh3_128") -> Manifest:
+    """List every file under `root` with its size; checksums are left empty (computed when copied)."""
+    root = Path(root)
+    entries = []
+    for name in list_dataset_files(root):
+        try:
+            size = (root / name).stat().st_size
+        except OSError as e:
+            raise StagingError(f"{root / name}: cannot stat ({e.strerror}); check the file") from e
+        entries.append(FileEntry(name, size, ""))
+    return Manifest(algorithm, tuple(entries))
+
+
+def build_manifest(
+    root: Path, algorithm: str = "xxh3_128", files: Iterable[str] | None = None, workers: int = 8
+) -> Manifest:
+    """Hash every file under `root` (or just `files`, relative paths), `workers` files at a time."""
     root = Path(root)
     names = list(files) if files is not None else list_dataset_files(root)
-    entries = tuple(
-        FileEntry(name, (root / name).stat().st_size, hash_file(root / name, algorithm)) for name in names
-    )
-    return Manifest(algorithm, entries)
+
+    def entry(name: str) -> FileEntry:
+        return FileEntry(name, (root / name).stat().st_size, hash_file(root / name, algorithm))
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return Manifest(algorithm, tuple(pool.map(entry, names)))

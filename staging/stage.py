@@ -1,33 +1,57 @@
-"""The staging executor: copy planned files under temporary names, verify, rename, mark complete."""
+"""Staging a dataset to node-local storage: plan, copy or exchange, verify, mark complete.
+
+Every rank calls `stage_dataset` at the same point. Its phases end in agreements, so an error
+on one rank stops every rank with that rank's message, and the completion marker is written
+last, by local rank 0, only when every file of its node verified.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlhpc.common.errors import StagingError
 from mlhpc.common.fileio import atomic_write_text
-from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, hash_file
-from mlhpc.staging.plan import CopyOp, plan_node_copies
+from mlhpc.staging import archive as archives
+from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
+from mlhpc.staging.copy import JOURNAL_PREFIX, close_journal, read_journals
+from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
+from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file, scan_dataset
+from mlhpc.staging.plan import Mode, node_files
+from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, staged_path, supports_direct_io
 
+log = logging.getLogger(__name__)
 STAGED_MARKER = ".mlhpc_staged.json"
-_CHUNK_BYTES = 16 << 20
+DEFAULT_WORKERS = 32
+DEFAULT_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
 class StageReport:
-    """What the node staged (all its ranks together); `metadata()` goes into staging_stop."""
+    """What staging did; `files`/`bytes` are what this node holds, the rest this rank's work."""
 
     dest: Path
     files: int
     bytes: int
     seconds: float
+    mode: str = "copy"
+    copied_files: int = 0
+    """Files this rank wrote (resumed ones excluded)."""
+    skipped_files: int = 0
+    """Files this rank found staged and verified already (a resumed run)."""
+    read_bytes: int = 0
+    """Bytes this rank read from the source."""
+    job_read_bytes: int = 0
+    """Bytes all ranks together read from the source (replicate: the dataset once)."""
+    node: int = 0
+    num_nodes: int = 1
 
     def metadata(self) -> dict[str, float | int]:
         return {
@@ -44,94 +68,229 @@ def stage_dataset(
     local_rank: int = 0,
     local_size: int = 1,
     barrier: Callable[[], None] = lambda: None,
-    workers: int = 4,
+    workers: int = DEFAULT_WORKERS,
+    comm: Communicator | None = None,
+    mode: Mode = "replicate",
+    processes: int | None = None,
+    decompress: bool = False,
+    direct_io: bool | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress: bool = False,
 ) -> StageReport:
-    """Copy the dataset at `src` into `dest` on this node, split over the node's ranks.
+    """Stage the dataset at `src` (a directory or a tar/tar.gz/tar.zst archive) into `dest`.
 
-    Uses the source's manifest when it has one (checksums are then verified against it), else
-    hashes while copying. The completion marker is written last, by local rank 0.
+    Without `comm`, the ranks of one node split the work, synchronised by `barrier`. With a
+    `Communicator`, `mode` says what each node ends with (see `plan`). A rerun skips what is
+    staged and verified already.
     """
+    comm = comm or CallbackComm(local_rank, local_size, barrier)
+    topo = comm.topology
     src, dest = Path(src), Path(dest)
     started = time.perf_counter()
-    if not src.is_dir():
-        raise StagingError(f"staging source {src} is not a directory; pass --data DIR holding the dataset")
-    manifest_path = src / MANIFEST_NAME
-    manifest = Manifest.read(manifest_path) if manifest_path.is_file() else None
-    trusted = manifest is not None
-    if manifest is None:
-        manifest = build_manifest(src)  # on the fly: the copy is checked against this read
-    if local_rank == 0:
-        (dest / STAGED_MARKER).unlink(missing_ok=True)
-        check_free_space(dest, manifest.total_bytes)
-    barrier()
-    ops = plan_node_copies(manifest, local_rank, local_size)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        list(pool.map(lambda op: copy_verified(src, dest, op, manifest.algorithm, trusted), ops))
-    barrier()
-    if local_rank == 0:
-        manifest.write(dest / MANIFEST_NAME)
-        marker = {
-            "source": str(src.resolve()),
-            "files": len(manifest.files),
-            "bytes": manifest.total_bytes,
-        }
-        atomic_write_text(dest / STAGED_MARKER, json.dumps(marker) + "\n")
-    barrier()
+    if mode == "replicate" and topo.num_nodes > 1 and not comm.collective:
+        log.warning(
+            "replicate over %d nodes needs a Communicator; every node copies the source", topo.num_nodes
+        )
+        mode = "copy"
+    manifest, trusted = _describe_source(comm, src)
+    kind = archives.archive_kind(src) if src.is_file() else None
+    mine = node_files(manifest, mode, topo) if kind is None else []
+    fresh = agree_destination(comm, dest, _needed_bytes(src, kind, manifest, mine))
+    direct = supports_direct_io(str(dest)) if direct_io is None else direct_io
+    settings = Settings(
+        mode=mode,
+        options=SinkOptions(manifest.algorithm, direct, decompress),
+        workers=workers,
+        processes=processes,
+        chunk_bytes=chunk_bytes,
+        progress=progress and comm.rank == 0,
+    )
+    error: str | None = None
+    work = Work()
+    try:
+        evidence = None if fresh else read_journals(dest)
+        if kind is not None:
+            work = stage_archive(
+                comm, src, kind, dest, manifest if trusted else None, evidence or {}, settings
+            )
+        else:
+            work = stage_directory(comm, src, dest, manifest, evidence, settings)
+    except LostRankError:
+        raise
+    except (StagingError, OSError) as e:
+        error = str(e) if isinstance(e, StagingError) else f"cannot stage {src} to {dest}: {e}"
+    finally:
+        close_journal(str(dest))
+    totals = agree(comm, error, work.read_bytes)
+    held = finish_node(comm, src, dest, mode, manifest if kind is None else None, work, settings.options)
     return StageReport(
         dest=dest,
-        files=len(manifest.files),
-        bytes=manifest.total_bytes,
+        files=len(held.files),
+        bytes=held.total_bytes,
         seconds=time.perf_counter() - started,
+        mode=mode,
+        copied_files=len(work.staged),
+        skipped_files=work.skipped,
+        read_bytes=work.read_bytes,
+        job_read_bytes=sum(totals),
+        node=topo.node,
+        num_nodes=topo.num_nodes,
     )
 
 
-def copy_verified(src_root: Path, dest_root: Path, op: CopyOp, algorithm: str, trusted: bool) -> None:
-    """Copy one file to a temporary name, check size and checksum, then rename it into place."""
-    entry = op.entry
-    source = src_root / entry.path
-    target = dest_root / entry.path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.mlhpc-partial")
-    try:
-        if not source.is_file():
-            raise StagingError(
-                f"staging source file {source} is missing; restore it or regenerate the dataset"
-            )
-        if source.stat().st_size != entry.size:
-            raise StagingError(
-                f"staging source file {source} has {source.stat().st_size} bytes, its manifest says "
-                f"{entry.size}; the source changed: regenerate its {MANIFEST_NAME}"
-            )
-        _kernel_copy(source, tmp)
-        got = hash_file(tmp, algorithm)
-        if got != entry.checksum:
-            where = "the source changed since its manifest was written" if trusted else "the copy is corrupt"
-            raise StagingError(f"staged copy of {source} fails its {algorithm} check: {where}; stage again")
-        os.replace(tmp, target)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        if e.errno == 28:
-            raise StagingError(
-                f"disk full while staging {source} to {target}; free space on {dest_root}"
-            ) from e
-        raise StagingError(f"cannot stage {source} to {target}: {e.strerror}") from e
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def _describe_source(comm: Communicator, src: Path) -> tuple[Manifest, bool]:
+    """The source's manifest (trusted: checksums to verify against) or its listing; read by
+    rank 0 and broadcast, so the shared file system is asked once."""
+    if not comm.collective:
+        return read_source(src)
+    payload = None
+    if comm.rank == 0:
+        try:
+            manifest, trusted = read_source(src)
+            payload = json.dumps({"manifest": manifest.to_json(), "trusted": trusted}).encode()
+        except StagingError as e:
+            payload = json.dumps({"error": str(e)}).encode()
+    data = json.loads(comm.broadcast(payload))
+    if "error" in data:
+        raise StagingError(data["error"])
+    return Manifest.from_json(data["manifest"], src), bool(data["trusted"])
 
 
-def verify_staged(dest: Path) -> int:
+def read_source(src: Path) -> tuple[Manifest, bool]:
+    """A directory's manifest (or its listing) or an archive's manifest (or an empty one)."""
+    if src.is_dir():
+        if (src / MANIFEST_NAME).is_file():
+            return Manifest.read(src / MANIFEST_NAME), True
+        return scan_dataset(src), False
+    if src.is_file() and archives.archive_kind(src) is not None:
+        sidecar = archives.sidecar_manifest(src)
+        if sidecar.is_file():
+            return Manifest.read(sidecar), True
+        return Manifest("xxh3_128", ()), False
+    if src.exists():
+        raise StagingError(
+            f"staging source {src} is neither a directory nor a .tar, .tar.gz or .tar.zst archive"
+        )
+    raise StagingError(f"staging source {src} is not a directory; pass --data DIR holding the dataset")
+
+
+def _needed_bytes(src: Path, kind: str | None, manifest: Manifest, mine: list[FileEntry]) -> int:
+    if kind is not None:
+        return archives.estimated_bytes(src, kind, manifest if manifest.files else None)
+    return sum(f.size for f in mine)  # a lower bound when decompressing: a full disk is caught later
+
+
+def agree_destination(comm: Communicator, dest: Path, needed: int) -> bool:
+    """Check that the ranks of each node name one directory; local rank 0 prepares it (drops an
+    old marker and partial files, refuses a disk that is too small). Returns: was it empty?"""
+    topo = comm.topology
+    error, fresh = None, False
+    if topo.local_rank == 0:
+        try:
+            fresh = prepare_destination(dest, needed)
+        except StagingError as e:
+            error = str(e)
+    values = agree(comm, error, [topo.node, topo.local_rank, str(dest.absolute()), fresh])
+    leaders = {node: (path, was_fresh) for node, local, path, was_fresh in values if local == 0}
+    for rank, (node, _, path, _) in enumerate(values):
+        if node in leaders and path != leaders[node][0]:
+            raise StagingError(
+                f"rank {rank} stages to {path} but local rank 0 of node {node} to {leaders[node][0]}; "
+                "set MLHPC_LOCAL_DIR (or the destination) the same on every rank of a node"
+            )
+    dest.mkdir(parents=True, exist_ok=True)
+    return leaders.get(topo.node, ("", False))[1]
+
+
+def prepare_destination(dest: Path, needed: int) -> bool:
+    fresh = not dest.exists() or not any(dest.iterdir())
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / STAGED_MARKER).unlink(missing_ok=True)
+    if not fresh:
+        for partial in dest.rglob(f"*{PARTIAL_SUFFIX}"):
+            partial.unlink(missing_ok=True)
+        present = sum(
+            p.stat().st_size for p in dest.rglob("*") if p.is_file() and not p.name.startswith(".mlhpc")
+        )
+        needed = max(0, needed - present)
+    check_free_space(dest, needed)
+    return fresh
+
+
+def finish_node(
+    comm: Communicator,
+    src: Path,
+    dest: Path,
+    mode: Mode,
+    manifest: Manifest | None,
+    work: Work,
+    options: SinkOptions,
+) -> Manifest:
+    """Local rank 0 writes the node's manifest (from every rank's journal); in replicate mode
+    the nodes compare digests of their copies; the marker is written last."""
+    topo = comm.topology
+    held, error = None, None
+    if topo.local_rank == 0:
+        try:
+            held = _node_manifest(dest, manifest, mode, topo, work, options)
+            held.write(dest / MANIFEST_NAME)
+        except StagingError as e:
+            error = str(e)
+    digests = agree(comm, error, [topo.node, held.digest() if held else None])
+    if mode == "replicate" and comm.collective:
+        first = {digest: node for node, digest in reversed(digests) if digest}
+        if len(first) > 1:
+            nodes = sorted(first.values())
+            raise StagingError(
+                f"the copies on nodes {nodes[0]} and {nodes[1]} differ (manifest digests); stage again"
+            )
+    if held is not None:
+        for journal in dest.glob(f"{JOURNAL_PREFIX}*"):
+            journal.unlink(missing_ok=True)
+        marker = {"source": str(src.absolute()), "mode": mode, "node": topo.node, "nodes": topo.num_nodes}
+        marker |= {"files": len(held.files), "bytes": held.total_bytes}
+        atomic_write_text(dest / STAGED_MARKER, json.dumps(marker) + "\n")
+    comm.barrier()
+    if held is None and (dest / MANIFEST_NAME).is_file():
+        held = Manifest.read(dest / MANIFEST_NAME)
+    return held or Manifest(options.algorithm, tuple(node_files(manifest, mode, topo)) if manifest else ())
+
+
+def _node_manifest(
+    dest: Path, manifest: Manifest | None, mode: Mode, topo: Any, work: Work, options: SinkOptions
+) -> Manifest:
+    """What the node holds: an archive's extracted members, or for a directory the node's
+    files as its ranks' journals (and an earlier run's manifest) record them."""
+    algorithm = options.algorithm
+    if manifest is None:
+        held = work.held or []
+        return Manifest(algorithm, tuple(sorted((s.entry for s in held), key=lambda f: f.path)))
+    records = read_journals(dest)
+    entries: list[FileEntry] = []
+    for f in node_files(manifest, mode, topo):
+        record = records.get(f.path)
+        if record is None or record.path != staged_path(f.path, options):
+            raise StagingError(f"{f.path} was not staged to {dest}; stage again")
+        entries.append(record.entry)
+    return Manifest(algorithm, tuple(sorted(entries, key=lambda f: f.path)))
+
+
+def verify_staged(dest: Path, workers: int = 8) -> int:
     """Re-hash a staged directory against its manifest; returns the file count, raises on a mismatch."""
     dest = Path(dest)
     if not (dest / STAGED_MARKER).is_file():
         raise StagingError(f"{dest} holds no complete staged dataset (no {STAGED_MARKER}); stage it again")
     manifest = Manifest.read(dest / MANIFEST_NAME)
-    for entry in manifest.files:
+
+    def check(entry: FileEntry) -> None:
         path = dest / entry.path
         if not path.is_file() or path.stat().st_size != entry.size:
             raise StagingError(f"staged file {path} is missing or has the wrong size; stage again")
         if hash_file(path, manifest.algorithm) != entry.checksum:
             raise StagingError(f"staged file {path} is corrupt ({manifest.algorithm} mismatch); stage again")
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        list(pool.map(check, manifest.files))
     return len(manifest.files)
 
 
@@ -143,22 +302,3 @@ def check_free_space(dest: Path, needed_bytes: int) -> None:
             f"not enough space on {dest}: staging needs {needed_bytes} bytes, {free} are free; "
             "set MLHPC_LOCAL_DIR to a larger node-local disk"
         )
-
-
-def _kernel_copy(source: Path, target: Path) -> None:
-    """Copy with os.copy_file_range where the kernel supports it, else a buffered loop."""
-    with open(source, "rb") as fin, open(target, "wb") as fout:
-        remaining = os.fstat(fin.fileno()).st_size
-        try:
-            while remaining > 0:
-                copied = os.copy_file_range(fin.fileno(), fout.fileno(), min(remaining, 1 << 30))
-                if copied == 0:
-                    break
-                remaining -= copied
-        except OSError as e:
-            if e.errno not in (18, 22, 38, 95):  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP: fall back
-                raise
-            fin.seek(0)
-            fout.seek(0)
-            fout.truncate()
-            shutil.copyfileobj(fin, fout, _CHUNK_BYTES)

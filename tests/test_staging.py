@@ -1,17 +1,25 @@
-"""Staging: verified copies, the completion marker, and the errors a site will meet."""
+"""Staging on one node: verified copies, resume, the faults a site will meet, the planner, the model."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
-from mlhpc.staging.plan import plan_node_copies
+from mlhpc.staging.model import Cluster, model_table, staging_time
+from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_copies, rank_files
 from mlhpc.staging.stage import check_free_space
+from tests.conftest import cli_env
 
 
 @pytest.fixture
@@ -24,17 +32,35 @@ def source(tmp_path: Path) -> Path:
     return root
 
 
+def data_files(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME
+    }
+
+
 def test_stage_copies_verifies_and_marks_complete(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     report = stage_dataset(source, dest)
-    assert report.files == 7
+    assert report.files == 7 and report.copied_files == 7 and report.skipped_files == 0
     assert report.bytes == sum(1000 * (i + 1) for i in range(7))
-    for path in source.rglob("*.bin"):
-        assert (dest / path.relative_to(source)).read_bytes() == path.read_bytes()
+    assert report.read_bytes == report.job_read_bytes == report.bytes
+    assert data_files(dest) == data_files(source)
     assert (dest / STAGED_MARKER).is_file()
-    assert not list(dest.rglob("*.mlhpc-partial"))
+    assert not list(dest.rglob("*.mlhpc-partial")) and not list(dest.glob(".mlhpc_journal*"))
     assert verify_staged(dest) == 7
     assert set(report.metadata()) == {"staging_duration", "staged_files", "staged_bytes"}
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_worker_processes_and_page_cache_writes_give_the_same_copy(
+    source: Path, tmp_path: Path, direct_io: bool
+) -> None:
+    dest = tmp_path / "dest"
+    report = stage_dataset(source, dest, processes=2, workers=4, direct_io=direct_io)
+    assert report.copied_files == 7 and data_files(dest) == data_files(source)
+    assert verify_staged(dest) == 7
 
 
 def test_source_manifest_is_used_and_checked(source: Path, tmp_path: Path) -> None:
@@ -44,9 +70,10 @@ def test_source_manifest_is_used_and_checked(source: Path, tmp_path: Path) -> No
     with pytest.raises(StagingError, match=r"f1\.bin fails its xxh3_128 check: the source changed"):
         stage_dataset(source, tmp_path / "dest")
     assert not (tmp_path / "dest" / STAGED_MARKER).exists()
+    assert not (tmp_path / "dest" / "train" / "f1.bin").exists()  # never renamed into place
 
 
-def test_corrupted_staged_file_is_detected(source: Path, tmp_path: Path) -> None:
+def test_corrupted_staged_file_is_detected_and_replaced_on_rerun(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     stage_dataset(source, dest)
     victim = dest / "validation" / "f2.bin"
@@ -55,13 +82,73 @@ def test_corrupted_staged_file_is_detected(source: Path, tmp_path: Path) -> None
     victim.write_bytes(bytes(data))
     with pytest.raises(StagingError, match=r"staged file .*f2\.bin is corrupt"):
         verify_staged(dest)
+    report = stage_dataset(source, dest)
+    assert (report.copied_files, report.skipped_files) == (1, 6)
+    assert verify_staged(dest) == 7
 
 
 def test_missing_source_file_is_named(source: Path, tmp_path: Path) -> None:
     build_manifest(source).write(source / MANIFEST_NAME)
     (source / "train" / "f3.bin").unlink()
-    with pytest.raises(StagingError, match=r"f3\.bin is missing"):
+    with pytest.raises(StagingError, match=r"staging source file .*f3\.bin is missing; restore it"):
         stage_dataset(source, tmp_path / "dest")
+    assert not (tmp_path / "dest" / STAGED_MARKER).exists()
+
+
+def test_a_fault_midway_then_a_rerun_completes_it(source: Path, tmp_path: Path) -> None:
+    """The copy stops at a missing file; the files copied before it are kept and not copied again."""
+    build_manifest(source).write(source / MANIFEST_NAME)
+    saved = (source / "validation" / "f6.bin").read_bytes()
+    (source / "validation" / "f6.bin").unlink()
+    dest = tmp_path / "dest"
+    with pytest.raises(StagingError, match=r"f6\.bin is missing"):
+        stage_dataset(source, dest, workers=1)
+    assert not (dest / STAGED_MARKER).exists()
+    (source / "validation" / "f6.bin").write_bytes(saved)
+    report = stage_dataset(source, dest, workers=1)
+    assert report.copied_files + report.skipped_files == 7 and report.skipped_files >= 1
+    assert verify_staged(dest) == 7
+
+
+KILLED_STAGING = """
+import os, signal, sys
+from pathlib import Path
+from mlhpc.staging import copy, stage_dataset
+
+record = copy.Journal.record
+count = [0]
+
+def record_then_die(self, staged):
+    record(self, staged)
+    count[0] += 1
+    if count[0] == int(sys.argv[3]):
+        os.kill(os.getpid(), signal.SIGKILL)  # an interruption: no cleanup, no exception
+
+copy.Journal.record = record_then_die
+stage_dataset(Path(sys.argv[1]), Path(sys.argv[2]), workers=2)
+"""
+
+
+def test_resume_after_the_process_was_killed(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for i in range(40):
+        (src / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 4}" / f"s{i:03d}.npy").write_bytes(os.urandom(5000 + i))
+    build_manifest(src).write(src / MANIFEST_NAME)
+    dest = tmp_path / "dest"
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_STAGING)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(src), str(dest), "15"], env=cli_env(), timeout=120
+    )
+    assert proc.returncode == -9
+    assert not (dest / STAGED_MARKER).exists()
+    with pytest.raises(StagingError, match="no complete staged dataset"):
+        verify_staged(dest)
+    report = stage_dataset(src, dest)
+    assert report.skipped_files >= 15 and report.copied_files == 40 - report.skipped_files
+    assert verify_staged(dest) == 40 and data_files(dest) == data_files(src)
+    assert not list(dest.rglob("*.mlhpc-partial"))
 
 
 def test_half_staged_directory_is_not_taken_for_whole(source: Path, tmp_path: Path) -> None:
@@ -76,14 +163,21 @@ def test_restaging_replaces_a_stale_copy(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     stage_dataset(source, dest)
     (dest / "train" / "f1.bin").write_bytes(b"stale")
-    stage_dataset(source, dest)
+    report = stage_dataset(source, dest)
+    assert (report.copied_files, report.skipped_files) == (1, 6)
     assert verify_staged(dest) == 7
 
 
-def test_not_enough_space_is_refused_before_copying(tmp_path: Path) -> None:
+def test_not_enough_space_is_refused_before_copying(source: Path, tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(StagingError, match=rf"needs {free * 2} bytes, \d+ are free"):
         check_free_space(tmp_path / "dest", free * 2)
+    manifest = build_manifest(source)
+    huge = FileEntry("train/huge.bin", free * 2, "0" * 32)
+    Manifest(manifest.algorithm, (*manifest.files, huge)).write(source / MANIFEST_NAME)
+    with pytest.raises(StagingError, match=r"not enough space on .*dest: staging needs \d+ bytes"):
+        stage_dataset(source, tmp_path / "dest")
+    assert data_files(tmp_path / "dest") == {}  # refused before a single file was copied
 
 
 def test_missing_source_directory(tmp_path: Path) -> None:
@@ -91,17 +185,20 @@ def test_missing_source_directory(tmp_path: Path) -> None:
         stage_dataset(tmp_path / "nope", tmp_path / "dest")
 
 
-def test_planner_splits_every_file_once_and_balances_bytes() -> None:
-    manifest = Manifest(
-        "xxh3_128", tuple(FileEntry(f"f{i}", size, "x") for i, size in enumerate([9, 7, 5, 3, 1, 1]))
-    )
-    shares = [plan_node_copies(manifest, rank, 3) for rank in range(3)]
-    paths = [op.entry.path for share in shares for op in share]
-    assert sorted(paths) == sorted(f.path for f in manifest.files)
-    loads = [sum(op.entry.size for op in share) for share in shares]
-    assert max(loads) - min(loads) <= 2
-    with pytest.raises(ValueError):
-        plan_node_copies(manifest, 3, 3)
+def test_compressed_files_are_decompressed_while_staging(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    payload = os.urandom(3000) * 20
+    (src / "a.npy.gz").write_bytes(gzip.compress(payload))
+    (src / "b.npy.zst").write_bytes(zstandard.ZstdCompressor().compress(payload[::-1]))
+    (src / "c.txt").write_bytes(b"plain")
+    build_manifest(src).write(src / MANIFEST_NAME)
+    dest = tmp_path / "dest"
+    report = stage_dataset(src, dest, decompress=True)
+    assert report.files == 3
+    assert (dest / "a.npy").read_bytes() == payload and (dest / "b.npy").read_bytes() == payload[::-1]
+    assert (dest / "c.txt").read_bytes() == b"plain"
+    assert verify_staged(dest) == 3
 
 
 def test_two_local_ranks_split_the_work(source: Path, tmp_path: Path) -> None:
@@ -118,3 +215,74 @@ def test_sha256_on_request(tmp_path: Path) -> None:
     path = tmp_path / "x"
     path.write_bytes(b"abc")
     assert hash_file(path, "sha256") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x").write_bytes(b"abc")
+    build_manifest(src, "sha256").write(src / MANIFEST_NAME)
+    stage_dataset(src, tmp_path / "dest")
+    assert json.loads((tmp_path / "dest" / MANIFEST_NAME).read_text())["algorithm"] == "sha256"
+    assert verify_staged(tmp_path / "dest") == 1
+
+
+def manifest_of(sizes: list[int]) -> Manifest:
+    return Manifest("xxh3_128", tuple(FileEntry(f"f{i}", size, "x") for i, size in enumerate(sizes)))
+
+
+def test_planner_splits_every_file_once_and_balances_bytes() -> None:
+    manifest = manifest_of([9, 7, 5, 3, 1, 1])
+    shares = [plan_node_copies(manifest, rank, 3) for rank in range(3)]
+    paths = [op.entry.path for share in shares for op in share]
+    assert sorted(paths) == sorted(f.path for f in manifest.files)
+    loads = [sum(op.entry.size for op in share) for share in shares]
+    assert max(loads) - min(loads) <= 2
+    with pytest.raises(ValueError):
+        plan_node_copies(manifest, 3, 3)
+
+
+def test_shard_gives_each_node_its_own_part_and_replicate_all() -> None:
+    manifest = manifest_of([50, 40, 30, 20, 10, 10, 5, 5])
+    shards = [
+        node_files(manifest, "shard", Topology(node=n, num_nodes=3, local_rank=0, local_size=1))
+        for n in range(3)
+    ]
+    assert sorted(f.path for s in shards for f in s) == sorted(f.path for f in manifest.files)
+    assert max(sum(f.size for f in s) for s in shards) <= 60
+    every = node_files(manifest, "replicate", Topology(node=2, num_nodes=3, local_rank=0, local_size=1))
+    assert len(every) == 8
+
+
+def test_exchange_reads_each_file_once_and_skips_what_nodes_hold() -> None:
+    manifest = manifest_of([8, 7, 6, 5, 4, 3, 2, 1, 0])
+    topo = Topology(node=0, num_nodes=3, local_rank=1, local_size=2)
+    group = rank_files(manifest, "replicate", topo)
+    exchange = plan_exchange(group, [frozenset()] * 3)
+    sent = [i.entry.path for stream in exchange.streams for i in stream]
+    assert sorted(sent) == sorted(f.path for f in group)  # each file sent by exactly one node
+    assert not any(i.from_dest for stream in exchange.streams for i in stream)
+    held = frozenset(f.path for f in group[:2])
+    resumed = plan_exchange(group, [held, held, held | {group[2].path}])
+    items = {i.entry.path: (n, i.from_dest) for n, stream in enumerate(resumed.streams) for i in stream}
+    assert not set(items) & held  # every node holds them: nothing to send
+    assert items[group[2].path] == (2, True)  # sent from the node that holds it, not re-read
+
+
+def test_paper_model_shapes() -> None:
+    cluster = Cluster()
+    copy = [staging_time(5e12, n, "copy", cluster).seconds for n in (1, 64, 1024)]
+    replicate = [staging_time(5e12, n, "replicate", cluster).seconds for n in (1, 64, 1024)]
+    shard = [staging_time(5e12, n, "shard", cluster).seconds for n in (1, 64, 1024)]
+    assert copy[0] < copy[1] < copy[2]  # the shared file system is read N times
+    assert max(replicate) <= 1.1 * replicate[1]  # flat: bounded per node, not by N
+    assert shard[0] > shard[1] >= shard[2]
+    assert staging_time(8.8e12, 1, "replicate", cluster).fits is False
+    assert "does not fit" in model_table(cluster) and "DeepCAM" in model_table(cluster)
+
+
+def test_large_file_read_with_direct_io_gives_the_same_copy(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.npy").write_bytes(os.urandom((9 << 20) + 123))  # above the O_DIRECT read size, odd tail
+    dest = tmp_path / "dest"
+    stage_dataset(src, dest, direct_io=True)
+    assert (dest / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
+    assert verify_staged(dest) == 1

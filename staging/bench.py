@@ -1,0 +1,291 @@
+"""`mlhpc stage-bench`: the staging throughput study a site runs to learn its staging speed.
+
+Sweeps file size x mode x ranks x workers (ranks are local processes, each with its own
+directory standing in for a node) and measures, in the same run, `cp -r`, `tar | tar` and the
+disk's raw sequential read and write. Writes stage_bench.csv, stage_bench.png, stage_bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+from mlhpc.common.errors import ConfigError
+from mlhpc.staging import bench_tools as tools
+from mlhpc.staging.plan import MODES
+
+CSV_FIELDS = (
+    "file_kib",
+    "files",
+    "dataset_bytes",
+    "method",
+    "mode",
+    "ranks",
+    "workers",
+    "seconds",
+    "dataset_mb_s",
+    "written_mb_s",
+    "ratio_cp",
+    "ratio_tar",
+    "ratio_raw_read",
+    "ratio_raw_write",
+    "ratio_disk_limit",
+    "source_reads",
+)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from e
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="where the CSV, PNG and summary go")
+    parser.add_argument("--data", type=Path, default=None, help="a real dataset instead of generated ones")
+    parser.add_argument("--total-mib", type=int, default=256, help="size of each generated dataset")
+    parser.add_argument("--file-kib", type=_ints, default=[64, 1024, 65536], help="file sizes (KiB)")
+    parser.add_argument("--workers", type=_ints, default=[1, 8, 32], help="parallel copies per rank")
+    parser.add_argument(
+        "--modes", default="replicate,shard", help=f"modes for ranks > 1 ({', '.join(MODES)})"
+    )
+    parser.add_argument("--ranks", type=_ints, default=[1, 2], help="local rank processes (each a node)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per point; the median is reported")
+    parser.add_argument("--scratch", type=Path, default=None, help="disk to measure (default OUT/scratch)")
+    parser.add_argument("--comm", choices=("torch", "mpi"), default="torch", help="backend for ranks > 1")
+    parser.add_argument("--warm", action="store_true", help="keep the page cache (default: drop it, as root)")
+    model = parser.add_argument_group("the paper model (--model prints it and exits)")
+    model.add_argument("--model", action="store_true", help="print staging time vs node count and exit")
+    model.add_argument("--fs-gbs", type=float, default=100.0, help="shared FS aggregate read GB/s")
+    model.add_argument("--client-gbs", type=float, default=10.0, help="shared FS read GB/s per node")
+    model.add_argument("--network-gbs", type=float, default=25.0, help="network GB/s per node")
+    model.add_argument("--local-gbs", type=float, default=6.0, help="node-local disk write GB/s")
+    model.add_argument("--local-tb", type=float, default=7.68, help="node-local disk capacity TB")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if args.model:
+        from mlhpc.staging.model import GB, TB, Cluster, model_table
+
+        cluster = Cluster(
+            shared_fs_bytes_s=args.fs_gbs * GB,
+            client_bytes_s=args.client_gbs * GB,
+            network_bytes_s=args.network_gbs * GB,
+            local_write_bytes_s=args.local_gbs * GB,
+            local_capacity_bytes=args.local_tb * TB,
+        )
+        print(model_table(cluster))
+        return 0
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := sorted(set(modes) - set(MODES)):
+        raise ConfigError(f"--modes {','.join(unknown)} unknown; use {', '.join(MODES)}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats {args.repeats} must be at least 1")
+    out: Path = args.out
+    scratch = args.scratch or out / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    cold = not args.warm and tools.drop_caches()
+    print(f"page cache dropped before each run: {cold}; scratch: {scratch}")
+    rows: list[dict[str, Any]] = []
+    try:
+        datasets = _datasets(args, scratch)
+        for file_kib, src, files, size in datasets:
+            base = _baselines(src, size, scratch, args.repeats, cold)
+            for name, seconds in base.items():
+                rows.append(_row(file_kib, files, size, name, "", 1, 0, seconds, size, base, 1.0))
+                print(f"{file_kib:>8} KiB  {name:<10} {size / seconds / 1e6:8.0f} MB/s")
+            for ranks in args.ranks:
+                for mode in ["replicate"] if ranks == 1 else modes:
+                    plan = [
+                        {
+                            "src": str(src),
+                            "dest": str(scratch / "dest"),
+                            "mode": mode,
+                            "workers": w,
+                            "cold": cold,
+                        }
+                        for w in args.workers
+                        for _ in range(args.repeats)
+                    ]
+                    results = tools.run_plan_in_ranks(plan, ranks, scratch, args.comm)
+                    for w in args.workers:
+                        mine = [r for r in results if r["workers"] == w]
+                        seconds = statistics.median(r["seconds"] for r in mine)
+                        written = size * (1 if mode == "shard" else ranks)
+                        reads = statistics.median(r["job_read_bytes"] for r in mine) / size
+                        rows.append(
+                            _row(
+                                file_kib, files, size, "mlhpc", mode, ranks, w, seconds, written, base, reads
+                            )
+                        )
+                        print(
+                            f"{file_kib:>8} KiB  mlhpc {mode:<9} ranks={ranks} workers={w:<3} "
+                            f"{written / seconds / 1e6:8.0f} MB/s written  (source read {reads:.2f}x)"
+                        )
+    finally:
+        shutil.rmtree(scratch / "dest", ignore_errors=True)
+        if args.scratch is None and args.data is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    write_outputs(out, rows, cold)
+    print(f"wrote {out / 'stage_bench.csv'}, {out / 'stage_bench.png'}, {out / 'stage_bench.md'}")
+    return 0
+
+
+def _datasets(args: argparse.Namespace, scratch: Path) -> list[tuple[int, Path, int, int]]:
+    """(file KiB, root, files, bytes) for each dataset of the study."""
+    if args.data is not None:
+        from mlhpc.staging.stage import read_source
+
+        manifest, _ = read_source(args.data)
+        files, size = len(manifest.files), manifest.total_bytes
+        return [(size // max(1, files) >> 10, args.data, files, size)]
+    out = []
+    for kib in args.file_kib:
+        root = scratch / f"data-{kib}k"
+        files = tools.make_dataset(root, args.total_mib << 20, kib << 10)
+        out.append((kib, root, files, files * (kib << 10)))
+    return out
+
+
+def _baselines(src: Path, size: int, scratch: Path, repeats: int, cold: bool) -> dict[str, float]:
+    """Median seconds of cp -r, tar | tar, and the raw disk for `size` bytes."""
+    raw = scratch / "raw.bin"
+    times: dict[str, list[float]] = {"cp": [], "tar": [], "raw-write": [], "raw-read": []}
+    for _ in range(repeats):  # the raw read last: right after a large write the disk still flushes it
+        times["raw-write"].append(tools.raw_write_seconds(raw, size))
+        times["cp"].append(tools.cp_seconds(src, scratch / "dest", cold))
+        times["tar"].append(tools.tar_seconds(src, scratch / "dest", cold))
+        times["raw-read"].append(tools.raw_read_seconds(raw, cold))
+    raw.unlink(missing_ok=True)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    # A copy reads and writes every byte: at best as fast as the slower of raw read and write.
+    medians["disk-limit"] = max(medians["raw-read"], medians["raw-write"])
+    return medians
+
+
+def _row(
+    file_kib: int,
+    files: int,
+    size: int,
+    method: str,
+    mode: str,
+    ranks: int,
+    workers: int,
+    seconds: float,
+    written: int,
+    base: dict[str, float],
+    reads: float,
+) -> dict[str, Any]:
+    rate = written / seconds / 1e6
+
+    def ratio(name: str) -> float:
+        return round(rate / (size / base[name] / 1e6), 3)
+
+    return {
+        "file_kib": file_kib,
+        "files": files,
+        "dataset_bytes": size,
+        "method": method,
+        "mode": mode,
+        "ranks": ranks,
+        "workers": workers,
+        "seconds": round(seconds, 4),
+        "dataset_mb_s": round(size / seconds / 1e6, 1),
+        "written_mb_s": round(rate, 1),
+        "ratio_cp": ratio("cp"),
+        "ratio_tar": ratio("tar"),
+        "ratio_raw_read": ratio("raw-read"),
+        "ratio_raw_write": ratio("raw-write"),
+        "ratio_disk_limit": ratio("disk-limit"),
+        "source_reads": round(reads, 3),
+    }
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], cold: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "stage_bench.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, out / "stage_bench.png")
+    (out / "stage_bench.md").write_text(summary(rows, cold))
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["file_kib"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
+    for ax, kib in zip(axes[0], sizes, strict=True):
+        here = [r for r in rows if r["file_kib"] == kib]
+        for r in here:
+            if r["method"] not in ("mlhpc", "disk-limit"):  # the limit is one of the raw lines
+                ax.axhline(
+                    r["written_mb_s"], linestyle="--", linewidth=1, color=_COLORS.get(r["method"], "grey")
+                )
+                ax.annotate(
+                    r["method"], (0, r["written_mb_s"]), xycoords=("axes fraction", "data"), fontsize=7
+                )
+        for mode, ranks in sorted({(r["mode"], r["ranks"]) for r in here if r["method"] == "mlhpc"}):
+            line = sorted(
+                (r["workers"], r["written_mb_s"]) for r in here if (r["mode"], r["ranks"]) == (mode, ranks)
+            )
+            label = "1 rank" if ranks == 1 else f"{mode}, {ranks} ranks"
+            ax.plot([x for x, _ in line], [y for _, y in line], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        workers = sorted({r["workers"] for r in here if r["method"] == "mlhpc"})
+        ax.set_xticks(workers, [str(w) for w in workers])
+        ax.set_title(f"{here[0]['files']} files of {_size_label(kib)}")
+        ax.set_xlabel("workers per rank")
+        ax.set_ylabel("MB/s written to node-local disk")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+_COLORS = {"cp": "black", "tar": "brown", "raw-read": "green", "raw-write": "red", "disk-limit": "purple"}
+
+
+def _size_label(kib: int) -> str:
+    return f"{kib // 1024} MiB" if kib >= 1024 else f"{kib} KiB"
+
+
+def summary(rows: list[dict[str, Any]], cold: bool) -> str:
+    """The markdown summary: baselines, then the best worker count of each mode and rank count."""
+    lines = [
+        "# Staging throughput study",
+        "",
+        f"Cold page cache before every run: {'yes' if cold else 'no'}; medians of the repeats. MB/s",
+        "counts bytes written to node-local disk (replicate on k ranks writes k copies); ratios",
+        "compare that with the baselines measured in the same run. `disk limit` is the slower of",
+        "raw read and raw write: a copy cannot beat it. `source reads` is the bytes read from",
+        "the source over the dataset size (1.00: read once in total). Best worker count shown.",
+        "",
+        "| files | method | mode | ranks | workers | MB/s | x cp | x tar | x raw read | x raw write "
+        "| x disk limit | source reads |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kib in sorted({r["file_kib"] for r in rows}):
+        here = [r for r in rows if r["file_kib"] == kib]
+        best: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in here:
+            key = (r["method"] + r["mode"], r["ranks"])
+            if key not in best or r["written_mb_s"] > best[key]["written_mb_s"]:
+                best[key] = r
+        for r in best.values():
+            lines.append(
+                f"| {r['files']} x {_size_label(kib)} | {r['method']} | {r['mode'] or '-'} | {r['ranks']} | "
+                f"{r['workers'] or '-'} | {r['written_mb_s']:.0f} | {r['ratio_cp']:.2f} | {r['ratio_tar']:.2f} | "
+                f"{r['ratio_raw_read']:.2f} | {r['ratio_raw_write']:.2f} | {r['ratio_disk_limit']:.2f} | "
+                f"{r['source_reads']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"

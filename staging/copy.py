@@ -1,0 +1,230 @@
+"""Copying files from the source to node-local disk in parallel workers, one pass per file.
+
+Each file is read once into a page-aligned buffer, hashed from it and written from it (no
+second read of source or copy). Threads overlap I/O; worker processes (worker.py) add CPUs for
+the Python work per file, which dominates with many small files.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlhpc.common.errors import StagingError
+from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
+from mlhpc.staging.plan import CopyOp
+from mlhpc.staging.sink import BUFFER_BYTES, BufferPool, FileSink, SinkOptions, Staged, staged_path
+
+JOURNAL_PREFIX = ".mlhpc_journal."
+DIRECT_READ_MIN_BYTES = 4 << 20
+_pool = BufferPool()
+_journals: dict[str, Journal] = {}
+_journals_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CopyJob:
+    """What a worker needs to copy files (picklable for worker processes)."""
+
+    src_root: str
+    dest_root: str
+    options: SinkOptions
+    threads: int
+
+
+def source_error(e: OSError, path: str) -> StagingError:
+    if e.errno == errno.ENOENT:
+        return StagingError(f"staging source file {path} is missing; restore it or regenerate the dataset")
+    return StagingError(
+        f"cannot read staging source file {path} ({e.strerror}); check it and its permissions"
+    )
+
+
+def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
+    """Copy one file: read it into an aligned buffer, hash it there, write it under a temporary name.
+
+    Large files are also read with O_DIRECT where the source allows it: no page-cache pages to
+    allocate and fill, which is most of the CPU cost of a buffered copy.
+    """
+    source = os.path.join(job.src_root, entry.path)
+    direct = job.options.direct_io and entry.size >= DIRECT_READ_MIN_BYTES and not job.options.decompress
+    fd, direct = _open_source(source, direct)
+    buffer = _pool.get(min(BUFFER_BYTES, max(entry.size, 1)))
+    sink: FileSink | None = None
+    try:
+        size = os.fstat(fd).st_size
+        if size != entry.size:
+            raise StagingError(
+                f"staging source file {source} has {size} bytes, its listing says {entry.size}; "
+                f"the source changed: regenerate its {MANIFEST_NAME} or stage again"
+            )
+        sink = FileSink(job.dest_root, entry, job.options, buffer)
+        while sink.path != entry.path and (data := os.read(fd, BUFFER_BYTES)):
+            sink.write(data)
+        while sink.path == entry.path:
+            try:
+                if not sink.read_from(fd):
+                    break
+            except OSError as e:
+                if not (direct and e.errno == errno.EINVAL):
+                    raise
+                os.close(fd)  # O_DIRECT refused this read: go on through the page cache
+                fd, direct = _open_source(source, False)
+                os.lseek(fd, sink.received, os.SEEK_SET)
+        staged = sink.finish()
+        sink = None
+        journal(job.dest_root).record(staged)
+        return staged
+    except OSError as e:
+        raise source_error(e, source) from e
+    finally:
+        if sink is not None:
+            sink.abort()
+        os.close(fd)
+        _pool.put(buffer)
+
+
+def _open_source(path: str, direct: bool) -> tuple[int, bool]:
+    """Open a source file, with O_DIRECT if asked and allowed; (fd, whether O_DIRECT)."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        if direct:
+            try:
+                return os.open(path, flags | os.O_DIRECT), True
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise source_error(e, path) from e
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return fd, False
+
+
+class Journal:
+    """Per-process log of verified files in the destination: what a rerun may skip.
+
+    One line per file, appended with a single write after the file was renamed into place.
+    """
+
+    def __init__(self, dest_root: str) -> None:
+        path = os.path.join(dest_root, f"{JOURNAL_PREFIX}{os.getpid()}.jsonl")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        self._fd = os.open(path, flags, 0o644)
+
+    def record(self, staged: Staged) -> None:
+        line = json.dumps([staged.path, staged.size, staged.checksum, staged.source, staged.source_checksum])
+        os.write(self._fd, (line + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def journal(dest_root: str) -> Journal:
+    with _journals_lock:
+        if dest_root not in _journals:
+            _journals[dest_root] = Journal(dest_root)
+        return _journals[dest_root]
+
+
+def close_journal(dest_root: str) -> None:
+    with _journals_lock:
+        found = _journals.pop(dest_root, None)
+    if found is not None:
+        found.close()
+
+
+def read_journals(dest: Path) -> dict[str, Staged]:
+    """Everything earlier runs verified into `dest`, by source path: its journals and manifest."""
+    found: dict[str, Staged] = {}
+    manifest_path = dest / MANIFEST_NAME
+    if manifest_path.is_file():
+        try:
+            for f in Manifest.read(manifest_path).files:
+                found[f.path] = Staged(f.path, f.size, f.checksum, f.path, "")
+        except StagingError:
+            pass  # a broken manifest in the destination only means nothing is skipped
+    journals = sorted(dest.glob(f"{JOURNAL_PREFIX}*.jsonl"), key=lambda p: p.stat().st_mtime_ns)
+    for path in journals:  # oldest first, so the latest record of a file wins
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        try:
+            records = json.loads(f"[{','.join(lines)}]")
+        except ValueError:  # a line cut short when its process was killed: keep the good ones
+            records = [r for r in map(_parse_line, lines) if r is not None]
+        for fields in records:
+            record = Staged(*fields)
+            found[record.source] = record
+    return found
+
+
+def _parse_line(line: str) -> list[Any] | None:
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, list) and len(fields) == 5 else None
+
+
+def already_staged(dest: Path, entry: FileEntry, evidence: dict[str, Staged], options: SinkOptions) -> bool:
+    """Whether `entry` is in `dest` already and still verifies: the rerun skips it."""
+    record = evidence.get(entry.path)
+    path = staged_path(entry.path, options)
+    if record is not None and (
+        record.path != path or (entry.checksum and record.source_checksum not in ("", entry.checksum))
+    ):
+        record = None
+    if record is None and entry.checksum and path == entry.path:
+        record = Staged(path, entry.size, entry.checksum, entry.path, entry.checksum)
+    if record is None:
+        return False
+    target = dest / path
+    try:
+        if target.stat().st_size != record.size:
+            return False
+        return hash_file(target, options.algorithm) == record.checksum
+    except (OSError, StagingError):
+        return False
+
+
+def run_copies(
+    ops: Sequence[CopyOp],
+    job: CopyJob,
+    processes: int = 1,
+    on_done: Callable[[list[Staged]], None] = lambda staged: None,
+) -> list[Staged]:
+    """Copy every op with `job.threads` threads in each of `processes` processes; stop at the first error."""
+    if not ops:
+        return []
+    entries = [op.entry for op in ops]
+    if processes > 1:
+        from mlhpc.staging.worker import copy_in_processes
+
+        return copy_in_processes(entries, job, processes, on_done)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, job.threads)) as threads:
+            return _collect([threads.submit(copy_file, job, entry) for entry in entries], on_done)
+    finally:
+        close_journal(job.dest_root)
+
+
+def _collect(futures: list[Future[Staged]], on_done: Callable[[list[Staged]], None]) -> list[Staged]:
+    """Results as they come; at the first error, cancel what has not started and raise it."""
+    done: list[Staged] = []
+    try:
+        for future in as_completed(futures):
+            staged = future.result()
+            done.append(staged)
+            on_done([staged])
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+    return done

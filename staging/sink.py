@@ -1,0 +1,268 @@
+"""Writing one staged file: under a temporary name, hashed as it is written, renamed when verified.
+
+Bytes go through a page-aligned buffer so that node-local writes can bypass the page cache
+(O_DIRECT, where the file system supports it); compressed files are decompressed on the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from mlhpc.common.errors import StagingError
+from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, new_hasher
+
+ALIGN = 4096
+BUFFER_BYTES = 16 << 20
+PARTIAL_SUFFIX = ".mlhpc-partial"
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """How staged files are written (picklable: worker processes get a copy)."""
+
+    algorithm: str = "xxh3_128"
+    direct_io: bool = False
+    """Write with O_DIRECT (probe the directory with `supports_direct_io` first)."""
+    decompress: bool = False
+    """Decompress `.gz`/`.zst` files; the staged file drops the suffix."""
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One file staged and verified: its entry at the destination and what it was made from."""
+
+    path: str
+    size: int
+    checksum: str
+    source: str
+    source_checksum: str
+
+    @property
+    def entry(self) -> FileEntry:
+        return FileEntry(self.path, self.size, self.checksum)
+
+
+def staged_path(source_path: str, options: SinkOptions) -> str:
+    if options.decompress and source_path.endswith(COMPRESSED_SUFFIXES):
+        return source_path.rsplit(".", 1)[0]
+    return source_path
+
+
+def partial_name(target: str) -> str:
+    head, _, name = target.rpartition("/")
+    return f"{head}/.{name}{PARTIAL_SUFFIX}" if head else f".{name}{PARTIAL_SUFFIX}"
+
+
+def align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class BufferPool:
+    """Reusable page-aligned buffers: fresh pages cost a page fault each, reused ones do not."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, size: int) -> mmap.mmap:
+        size = max(ALIGN, align_up(size))
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+        return mmap.mmap(-1, size)
+
+    def put(self, buffer: mmap.mmap) -> None:
+        with self._lock:
+            self._free.setdefault(len(buffer), []).append(buffer)
+
+
+class FileSink:
+    """One destination file for one source entry; `write` input bytes, then `finish` or `abort`."""
+
+    def __init__(self, dest_root: str, source: FileEntry, options: SinkOptions, buffer: mmap.mmap) -> None:
+        self.source = source
+        self.path = staged_path(source.path, options)
+        self.target = os.path.join(dest_root, self.path)
+        self.tmp = os.path.join(dest_root, partial_name(self.path))
+        self._direct = options.direct_io
+        self._algorithm = options.algorithm
+        self.buffer = buffer
+        self._view = memoryview(buffer)
+        self._fill = 0
+        self._flushed = 0
+        self.received = 0
+        self._in_hash = new_hasher(options.algorithm)
+        self._decoder = _Decoder(source.path) if self.path != source.path else None
+        self._out_hash = new_hasher(options.algorithm) if self._decoder else self._in_hash
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        try:
+            try:
+                return os.open(self.tmp, flags | (os.O_DIRECT if self._direct else 0), 0o644)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(self.tmp), exist_ok=True)
+                return os.open(self.tmp, flags | (os.O_DIRECT if self._direct else 0), 0o644)
+        except OSError as e:
+            raise write_error(e, self.target) from e
+
+    def write(self, data: memoryview | bytes) -> None:
+        self.received += len(data)
+        self._in_hash.update(data)
+        if self._decoder is not None:
+            data = self._decoder.feed(data)
+            self._out_hash.update(data)
+        self._put(data)
+
+    def _put(self, data: memoryview | bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = min(len(view), len(self.buffer) - self._fill)
+            self._view[self._fill : self._fill + n] = view[:n]
+            self._fill += n
+            view = view[n:]
+            if self._fill == len(self.buffer):
+                self._flush()
+
+    def read_from(self, fd: int) -> int:
+        """Read the next bytes of the source straight into the buffer (no decompression)."""
+        assert self._decoder is None
+        n = os.readv(fd, [self._view[self._fill :]])
+        if n:
+            self.received += n
+            self._in_hash.update(self._view[self._fill : self._fill + n])
+            self._fill += n
+            if self._fill == len(self.buffer):
+                self._flush()
+        return n
+
+    def _flush(self) -> None:
+        n = self._fill
+        if n == 0:
+            return
+        length = align_up(n) if self._direct else n
+        try:
+            written = os.pwrite(self._fd, self._view[:length], self._flushed)
+            if written != length:
+                raise OSError(errno.EIO, f"short write ({written} of {length} bytes)")
+        except OSError as e:
+            raise write_error(e, self.target) from e
+        self._flushed += n
+        self._fill = 0
+
+    def finish(self) -> Staged:
+        """Flush, check size and checksum against the source entry, rename into place."""
+        try:
+            if self._decoder is not None:
+                tail = self._decoder.finish(self.source.path)
+                self._out_hash.update(tail)
+                self._put(tail)
+            self._flush()
+            if self._direct and self._flushed % ALIGN:
+                os.ftruncate(self._fd, self._flushed)
+        except OSError as e:
+            self.abort()
+            raise write_error(e, self.target) from e
+        os.close(self._fd)
+        self._fd = -1
+        checksum = self._in_hash.hexdigest()
+        if self.received != self.source.size:
+            self.abort()
+            raise StagingError(
+                f"staging source file {self.source.path} gave {self.received} bytes, its listing says "
+                f"{self.source.size}; the source changed while staging: stage again"
+            )
+        if self.source.checksum and checksum != self.source.checksum:
+            self.abort()
+            raise StagingError(
+                f"staged copy of {self.source.path} fails its {self._algorithm} check: the source changed "
+                f"since its {MANIFEST_NAME} was written (or was corrupted in transit); stage again"
+            )
+        os.replace(self.tmp, self.target)
+        out = self._out_hash.hexdigest() if self._decoder else checksum
+        return Staged(self.path, self._flushed, out, self.source.path, checksum)
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+
+class _Decoder:
+    """Streaming gzip (several members allowed) or zstd decompression."""
+
+    def __init__(self, path: str) -> None:
+        self.kind = "gz" if path.endswith(".gz") else "zst"
+        self._new()
+
+    def _new(self) -> None:
+        if self.kind == "gz":
+            self._obj: Any = zlib.decompressobj(wbits=31)
+        else:
+            import zstandard
+
+            self._obj = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True)
+
+    def feed(self, data: memoryview | bytes) -> bytes:
+        out = [self._obj.decompress(data)]
+        if self.kind == "gz":
+            while self._obj.eof and self._obj.unused_data:
+                rest = self._obj.unused_data
+                self._new()
+                out.append(self._obj.decompress(rest))
+        return b"".join(out)
+
+    def finish(self, path: str) -> bytes:
+        if self.kind == "gz":
+            tail = self._obj.flush()
+            if not self._obj.eof:
+                raise StagingError(f"{path} is a truncated gzip file; restore it from the original")
+            return tail
+        return self._obj.flush()
+
+
+def write_error(e: OSError, target: str) -> StagingError:
+    if e.errno == errno.ENOSPC:
+        root = os.path.dirname(target)
+        try:
+            free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
+        except OSError:
+            free = -1
+        return StagingError(
+            f"disk full while writing {target} ({free} bytes free); free space on that disk or set "
+            "MLHPC_LOCAL_DIR to a larger one, then rerun to resume"
+        )
+    return StagingError(f"cannot write {target}: {e.strerror}; check the node-local directory")
+
+
+def supports_direct_io(directory: str) -> bool:
+    """Whether O_DIRECT writes work in `directory` (not on tmpfs of older kernels, not on some FUSE)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = os.path.join(directory, f".mlhpc-direct-probe-{os.getpid()}")
+    buffer = mmap.mmap(-1, ALIGN)
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        try:
+            os.pwrite(fd, buffer, 0)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        buffer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(probe)

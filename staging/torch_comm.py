@@ -1,0 +1,90 @@
+"""The staging communicator over torch.distributed (gloo on CPU, NCCL on GPU).
+
+Imported only when a torch process group is used, so `mlhpc.staging` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mlhpc.common.launch import LaunchInfo
+from mlhpc.staging.comm import host_name, topology_from_hosts
+
+
+class TorchComm:
+    """World collectives on the default group; one extra group per local rank for the exchange.
+
+    Every rank must construct it at the same point (it creates process groups).
+    """
+
+    collective = True
+
+    def __init__(self, *, each_rank_a_node: bool = False, owns_group: bool = False) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("TorchComm needs an initialised torch.distributed default group")
+        self._owns_group = owns_group
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        hosts: list[Any] = [None] * self.size
+        dist.all_gather_object(hosts, host_name())
+        self.topology, peers = topology_from_hosts(hosts, self.rank, each_rank_a_node)
+        self._peers: list[int] = []
+        self._group: Any = None
+        for ranks in peers:  # every rank creates every group, in the same order
+            group = None if len(ranks) == self.size else dist.new_group(ranks)
+            if self.rank in ranks:
+                self._peers, self._group = ranks, group
+        self._device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
+
+    @classmethod
+    def launch(cls, launch: LaunchInfo, *, each_rank_a_node: bool = False) -> TorchComm:
+        """Join (or reuse) a gloo group from the launcher's environment, as `mlhpc stage` does."""
+        owns = not dist.is_initialized()
+        if owns:
+            dist.init_process_group(
+                backend="gloo",
+                init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+                rank=launch.rank,
+                world_size=launch.world_size,
+                timeout=datetime.timedelta(minutes=10),
+            )
+        return cls(each_rank_a_node=each_rank_a_node, owns_group=owns)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def allgather(self, payload: bytes) -> list[bytes]:
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, payload)
+        return out
+
+    def broadcast(self, payload: bytes | None, root: int = 0) -> bytes:
+        box = [payload]
+        dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def peer_allgather(self, chunk: memoryview, out: memoryview) -> None:
+        source = torch.frombuffer(chunk, dtype=torch.uint8)
+        target = torch.frombuffer(out, dtype=torch.uint8)
+        if self._device.type == "cuda":  # NCCL moves device memory: stage through the GPU
+            on_device = torch.empty(len(out), dtype=torch.uint8, device=self._device)
+            dist.all_gather_single(on_device, source.to(self._device), group=self._group)
+            target.copy_(on_device.cpu())
+        else:
+            dist.all_gather_single(target, source, group=self._group)
+
+    def peer_rank(self, node: int) -> int:
+        return self._peers[node]
+
+    def close(self) -> None:
+        """Destroy the process group if `launch` created it (leaving it to exit can abort)."""
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
