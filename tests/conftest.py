@@ -45,6 +45,15 @@ def cosmo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def dataset_files(root: Path) -> dict[str, bytes]:
+    """A dataset's files by relative path (bytes), without manifests and staging bookkeeping."""
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and p.name != "mlhpc_manifest.json"
+    }
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment for a `python -m mlhpc` subprocess: this venv first on PATH, no launcher vars."""
     launcher_prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MLHPC_")

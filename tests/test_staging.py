@@ -19,7 +19,7 @@ from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.model import Cluster, model_table, staging_time
 from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_copies, rank_files
 from mlhpc.staging.stage import check_free_space
-from tests.conftest import cli_env
+from tests.conftest import cli_env, dataset_files
 
 
 @pytest.fixture
@@ -32,21 +32,13 @@ def source(tmp_path: Path) -> Path:
     return root
 
 
-def data_files(root: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in root.rglob("*")
-        if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME
-    }
-
-
 def test_stage_copies_verifies_and_marks_complete(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     report = stage_dataset(source, dest)
     assert report.files == 7 and report.copied_files == 7 and report.skipped_files == 0
     assert report.bytes == sum(1000 * (i + 1) for i in range(7))
     assert report.read_bytes == report.job_read_bytes == report.bytes
-    assert data_files(dest) == data_files(source)
+    assert dataset_files(dest) == dataset_files(source)
     assert (dest / STAGED_MARKER).is_file()
     assert not list(dest.rglob("*.mlhpc-partial")) and not list(dest.glob(".mlhpc_journal*"))
     assert verify_staged(dest) == 7
@@ -59,7 +51,7 @@ def test_worker_processes_and_page_cache_writes_give_the_same_copy(
 ) -> None:
     dest = tmp_path / "dest"
     report = stage_dataset(source, dest, processes=2, workers=4, direct_io=direct_io)
-    assert report.copied_files == 7 and data_files(dest) == data_files(source)
+    assert report.copied_files == 7 and dataset_files(dest) == dataset_files(source)
     assert verify_staged(dest) == 7
 
 
@@ -147,7 +139,7 @@ def test_resume_after_the_process_was_killed(tmp_path: Path) -> None:
         verify_staged(dest)
     report = stage_dataset(src, dest)
     assert report.skipped_files >= 15 and report.copied_files == 40 - report.skipped_files
-    assert verify_staged(dest) == 40 and data_files(dest) == data_files(src)
+    assert verify_staged(dest) == 40 and dataset_files(dest) == dataset_files(src)
     assert not list(dest.rglob("*.mlhpc-partial"))
 
 
@@ -177,7 +169,7 @@ def test_not_enough_space_is_refused_before_copying(source: Path, tmp_path: Path
     Manifest(manifest.algorithm, (*manifest.files, huge)).write(source / MANIFEST_NAME)
     with pytest.raises(StagingError, match=r"not enough space on .*dest: staging needs \d+ bytes"):
         stage_dataset(source, tmp_path / "dest")
-    assert data_files(tmp_path / "dest") == {}  # refused before a single file was copied
+    assert dataset_files(tmp_path / "dest") == {}  # refused before a single file was copied
 
 
 def test_missing_source_directory(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from mlhpc.cli import main
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
 from mlhpc.staging.archive import sidecar_manifest
+from tests.conftest import dataset_files
 
 
 @pytest.fixture
@@ -43,14 +44,6 @@ def pack(root: Path, archive: Path) -> Path:
     return archive
 
 
-def files_of(root: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in root.rglob("*")
-        if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME
-    }
-
-
 @pytest.mark.parametrize("suffix", [".tar", ".tar.gz", ".tar.zst"])
 def test_archive_is_extracted_and_verified(dataset: Path, tmp_path: Path, suffix: str) -> None:
     archive = pack(dataset, tmp_path / f"data{suffix}")
@@ -58,7 +51,7 @@ def test_archive_is_extracted_and_verified(dataset: Path, tmp_path: Path, suffix
     report = stage_dataset(archive, dest)
     assert report.files == 12 and report.copied_files == 12
     assert report.job_read_bytes <= archive.stat().st_size
-    assert files_of(dest) == files_of(dataset)
+    assert dataset_files(dest) == dataset_files(dataset)
     assert verify_staged(dest) == 12
 
 

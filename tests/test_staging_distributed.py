@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, verify_staged
-from tests.conftest import cli_env
+from tests.conftest import cli_env, dataset_files
 
 pytestmark = pytest.mark.distributed
 
@@ -109,14 +109,6 @@ def _prepare(tmp_path: Path, tasks: list[dict], comm: str, kill_rank: int | None
     return [str(script), str(plan), str(out), comm, *([str(kill_rank)] if kill_rank is not None else [])], out
 
 
-def files_of(root: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in root.rglob("*")
-        if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME
-    }
-
-
 def test_replicate_and_shard_over_two_gloo_ranks(dataset: Path, tmp_path: Path) -> None:
     total = sum(p.stat().st_size for p in dataset.rglob("*.npy"))
     archive = tmp_path / "data.tar"
@@ -135,17 +127,17 @@ def test_replicate_and_shard_over_two_gloo_ranks(dataset: Path, tmp_path: Path) 
     assert rep0["read"] > 0 and rep1["read"] > 0
     assert rep0["read"] + rep1["read"] == rep0["job_read"] == total
     for node in (0, 1):
-        assert files_of(tmp_path / f"rep{node}") == files_of(dataset)
+        assert dataset_files(tmp_path / f"rep{node}") == dataset_files(dataset)
         assert verify_staged(tmp_path / f"rep{node}") == 31
     # shard: each node holds its own part; together exactly the dataset
-    parts = [files_of(tmp_path / f"shard{node}") for node in (0, 1)]
+    parts = [dataset_files(tmp_path / f"shard{node}") for node in (0, 1)]
     assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])
-    assert {**parts[0], **parts[1]} == files_of(dataset)
+    assert {**parts[0], **parts[1]} == dataset_files(dataset)
     assert shard0["files"] + shard1["files"] == 31 and shard0["job_read"] == total
     # an archive replicated: read once in total (striped over the nodes), extracted on both
     assert tar0["read"] + tar1["read"] == tar0["job_read"] <= archive.stat().st_size
     assert tar0["read"] > 0 and tar1["read"] > 0
-    assert files_of(tmp_path / "tar0") == files_of(tmp_path / "tar1") == files_of(dataset)
+    assert dataset_files(tmp_path / "tar0") == dataset_files(tmp_path / "tar1") == dataset_files(dataset)
 
 
 def test_missing_source_file_names_the_rank_and_file_on_every_rank(dataset: Path, tmp_path: Path) -> None:
@@ -176,7 +168,7 @@ def test_a_rank_that_dies_leaves_nothing_marked_and_a_rerun_completes(dataset: P
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert reports[1][0]["skipped"] >= 3  # what rank 1 staged before it died is kept
     for node in (0, 1):
-        assert files_of(tmp_path / f"n{node}") == files_of(dataset)
+        assert dataset_files(tmp_path / f"n{node}") == dataset_files(dataset)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (apt-get install openmpi-bin)")
@@ -189,4 +181,4 @@ def test_replicate_over_mpi(dataset: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert reports[0][0]["job_read"] == sum(p.stat().st_size for p in dataset.rglob("*.npy"))
     for node in (0, 1):
-        assert files_of(tmp_path / f"n{node}") == files_of(dataset)
+        assert dataset_files(tmp_path / f"n{node}") == dataset_files(dataset)
