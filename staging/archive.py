@@ -171,11 +171,9 @@ class ArchiveExtractor:
 
     def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         entry = self._entry(member.name, member.size)
-        if already_staged(self.dest, entry, self.evidence, self.options):
+        if (kept := already_staged(self.dest, entry, self.evidence, self.options)) is not None:
             self.skipped += 1
-            known = self.evidence.get(entry.path)
-            checksum = known.checksum if known else entry.checksum
-            self.staged[entry.path] = Staged(entry.path, entry.size, checksum, entry.path, checksum)
+            self.staged[entry.path] = kept
             return
         handle = tar.extractfile(member)
         assert handle is not None

@@ -173,8 +173,10 @@ def _parse_line(line: str) -> list[Any] | None:
     return fields if isinstance(fields, list) and len(fields) == 5 else None
 
 
-def already_staged(dest: Path, entry: FileEntry, evidence: dict[str, Staged], options: SinkOptions) -> bool:
-    """Whether `entry` is in `dest` already and still verifies: the rerun skips it."""
+def already_staged(
+    dest: Path, entry: FileEntry, evidence: dict[str, Staged], options: SinkOptions
+) -> Staged | None:
+    """`entry`'s copy in `dest` if it is there already and still verifies (a rerun skips it)."""
     record = evidence.get(entry.path)
     path = staged_path(entry.path, options)
     if record is not None and (
@@ -184,14 +186,14 @@ def already_staged(dest: Path, entry: FileEntry, evidence: dict[str, Staged], op
     if record is None and entry.checksum and path == entry.path:
         record = Staged(path, entry.size, entry.checksum, entry.path, entry.checksum)
     if record is None:
-        return False
+        return None
     target = dest / path
     try:
-        if target.stat().st_size != record.size:
-            return False
-        return hash_file(target, options.algorithm) == record.checksum
+        if target.stat().st_size == record.size and hash_file(target, options.algorithm) == record.checksum:
+            return record
     except (OSError, StagingError):
-        return False
+        pass
+    return None
 
 
 def run_copies(

@@ -12,7 +12,7 @@ from typing import IO
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import Communicator
-from mlhpc.staging.copy import CopyJob, already_staged, run_copies
+from mlhpc.staging.copy import CopyJob, already_staged, journal, run_copies
 from mlhpc.staging.exchange import (
     FileStreamReader,
     FileStreamsConsumer,
@@ -81,10 +81,17 @@ def stage_directory(
 def find_staged(
     dest: Path, files: list[FileEntry], evidence: dict[str, Staged], settings: Settings
 ) -> frozenset[str]:
-    """The files a rerun may skip: staged before and still verifying (hashed in parallel)."""
+    """The files a rerun may skip: staged before and still verifying (hashed in parallel).
+
+    Each is journaled again, so that the node's manifest lists it even when the evidence was
+    only the source manifest (a copy made before journals, or by another tool)."""
     with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-        found = pool.map(lambda f: already_staged(dest, f, evidence, settings.options), files)
-        return frozenset(f.path for f, ok in zip(files, found, strict=True) if ok)
+        found = [
+            s for s in pool.map(lambda f: already_staged(dest, f, evidence, settings.options), files) if s
+        ]
+    for staged in found:
+        journal(str(dest)).record(staged)
+    return frozenset(s.source for s in found)
 
 
 def auto_processes(files: int, topo: Topology) -> int:

@@ -278,3 +278,13 @@ def test_large_file_read_with_direct_io_gives_the_same_copy(tmp_path: Path) -> N
     stage_dataset(src, dest, direct_io=True)
     assert (dest / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
     assert verify_staged(dest) == 1
+
+
+def test_a_copy_made_by_another_tool_is_verified_and_kept(source: Path, tmp_path: Path) -> None:
+    build_manifest(source).write(source / MANIFEST_NAME)
+    dest = tmp_path / "dest"
+    shutil.copytree(source, dest)
+    (dest / MANIFEST_NAME).unlink()  # no journal, no manifest: only the source's checksums
+    report = stage_dataset(source, dest)
+    assert (report.copied_files, report.skipped_files, report.files) == (0, 7, 7)
+    assert verify_staged(dest) == 7
