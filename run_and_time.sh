@@ -104,6 +104,14 @@ elif [[ -n $RUN_INDEX ]]; then
     mkdir -p -- "$(dirname -- "$dest")"
     [[ ! -e $dest ]] || die "$dest appeared while this run went on; its log stays in $run_out"
     mv -- "${logs[0]}" "$dest"
+    # The run's time breakdown (mlhpc report) follows its log: breakdown/<org>/.../result_<i>.json.
+    breakdown_rel=${rel/\/results\//\/} # <org>/<system>/strong/<benchmark>/result_0.txt
+    breakdown=$run_out/breakdown/${breakdown_rel%.txt}.json
+    if [[ -f $breakdown ]]; then
+        breakdown_dest=$OUT/breakdown/${breakdown_rel%result_0.txt}result_$RUN_INDEX.json
+        mkdir -p -- "$(dirname -- "$breakdown_dest")"
+        mv -- "$breakdown" "$breakdown_dest"
+    fi
     # systems/<system>.json and benchmarks/<benchmark>/implementations/: the first run's copy wins.
     org=${rel%%/*}
     while IFS= read -r -d '' file; do

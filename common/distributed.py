@@ -34,6 +34,10 @@ class DistContext:
     backend: str
     launcher: str
     node_group: Any = None
+    group: Any = None
+    """The process group of this context's collectives (None: the whole job)."""
+    instance: int | None = None
+    """Which model instance this rank trains in a weak-scaling job (None: one model)."""
     _hvd: Any = field(default=None, repr=False)
 
     @property
@@ -50,7 +54,7 @@ class DistContext:
         if self._hvd is not None:
             self._hvd.allreduce(torch.zeros(1), name="barrier")
         else:
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     def node_barrier(self) -> None:
         """Wait for the ranks of this node (all ranks under Horovod, which has no node groups)."""
@@ -68,7 +72,7 @@ class DistContext:
         if self._hvd is not None:
             tensor.copy_(self._hvd.allreduce(tensor, op=self._hvd.Sum))
         else:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
@@ -77,7 +81,7 @@ class DistContext:
         if self._hvd is not None:
             return self._hvd.broadcast_object(obj, root_rank=src)
         box = [obj]
-        dist.broadcast_object_list(box, src=src)
+        dist.broadcast_object_list(box, group=self.group, group_src=src)
         return box[0]
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -85,7 +89,39 @@ class DistContext:
         if not self.distributed or self._hvd is not None:
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        return torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=device_ids, process_group=self.group
+        )
+
+    def split(self, instances: int) -> DistContext:
+        """This rank's share of a weak-scaling job: `instances` groups of consecutive ranks, each
+        training its own model. Every rank must call it (each creates every group, in order)."""
+        if instances < 1 or self.world_size % instances:
+            raise ConfigError(
+                f"--instances {instances} does not divide the {self.world_size} rank(s); "
+                f"launch a multiple of {instances} ranks"
+            )
+        if self._hvd is not None and instances > 1:
+            raise ConfigError("--instances needs torch.distributed; use --backend auto, not horovod")
+        size = self.world_size // instances
+        instance = self.rank // size
+        group = None
+        if self.distributed and size > 1:
+            groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(instances)]
+            group = groups[instance]
+        local_size = min(self.local_world_size, size)
+        return DistContext(
+            rank=self.rank % size,
+            local_rank=self.local_rank % local_size,
+            world_size=size,
+            local_world_size=local_size,
+            num_nodes=max(1, size // max(1, self.local_world_size)),
+            device=self.device,
+            backend=self.backend if size > 1 else "none",
+            launcher=self.launcher,
+            group=group,
+            instance=instance if instances > 1 else None,
+        )
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
         if self._hvd is None or not self.distributed:

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write `text` to a temporary file beside `path`, fsync it, then rename it onto `path`."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to a temporary file beside `path`, fsync it, then rename it onto `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
@@ -24,6 +24,11 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:

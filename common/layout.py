@@ -3,6 +3,7 @@
 <root>/<submitter>/systems/<system>.json
 <root>/<submitter>/results/<system>/{strong,weak}/<benchmark>/result_<i>.txt
 <root>/<submitter>/benchmarks/<benchmark>/implementations/<implementation>/
+<root>/breakdown/<submitter>/<system>/{strong,weak}/<benchmark>/result_<i>.json  (mlhpc's own)
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def results_dir(org_dir: Path, system: str, scaling: Scaling, benchmark: str) ->
 
 def result_file(org_dir: Path, system: str, scaling: Scaling, benchmark: str, index: int) -> Path:
     return results_dir(org_dir, system, scaling, benchmark) / f"result_{index}.txt"
+
+
+def breakdown_file(org_dir: Path, system: str, scaling: Scaling, benchmark: str, index: int) -> Path:
+    """A run's time breakdown (JSON), kept beside the submission, not inside its results/ tree."""
+    org_dir = Path(org_dir)
+    return org_dir.parent / "breakdown" / org_dir.name / system / scaling / benchmark / f"result_{index}.json"
 
 
 def implementation_dir(org_dir: Path, benchmark: str, implementation: str = "pytorch") -> Path:

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.mllogger import MLLog, constants
 from mlhpc.common.registry import Benchmark, DataBundle
 from mlhpc.common.seeding import seed_everything
+from mlhpc.common.timing import Breakdown, PhaseTimer
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -36,6 +38,9 @@ class LoopConfig:
     """Micro-batches summed before each optimizer step."""
     amp: bool = False
     """Mixed precision (CUDA only; ignored on CPU)."""
+    sync_timing: bool = True
+    """On a GPU, synchronize at every phase boundary of the time breakdown, so that each phase is
+    charged its own kernels (exact, costs a few percent); false: phases time kernel launches."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size <= 0:
@@ -83,6 +88,11 @@ class RunResult:
     metrics: list[float]
     run_seconds: float
     train_samples_per_s: float
+    flops_per_sample: float = 0.0
+    """Forward + backward FLOPs of one training sample (torch.utils.flop_counter, first step)."""
+    achieved_flops_per_s: float = 0.0
+    """Training FLOPs over forward + backward seconds, summed over ranks."""
+    breakdown: Breakdown | None = None
     error: str | None = None
 
 
@@ -104,7 +114,10 @@ def train_to_target(
 ) -> RunResult:
     """Train `bench` from scratch until its target, logging every MLLOG event the rules require."""
     loop: LoopConfig = cfg.loop
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" and loop.sync_timing else None
+    timer = PhaseTimer(sync=sync)
     log.event(constants.CACHE_CLEAR, value=_clear_page_cache(ctx) if clear_cache else False)
+    init_started = time.perf_counter()
     log.start(constants.INIT_START)
     log.event(constants.SUBMISSION_BENCHMARK, bench.name)
     log.event(constants.SUBMISSION_ORG, submission.org)
@@ -114,39 +127,47 @@ def train_to_target(
     log.event(constants.SEED, seed)
     log.event("number_of_nodes", ctx.num_nodes)
     log.event("accelerators_per_node", ctx.local_world_size if ctx.device.type == "cuda" else 0)
-    seed_everything(seed)
-    model = ctx.wrap_model(bench.build_model(cfg).to(ctx.device))
-    for key, value in bench.hyperparameters(cfg, ctx).items():
-        log.event(key, value)
+    with timer.phase("init"):
+        seed_everything(seed)
+        model = ctx.wrap_model(bench.build_model(cfg).to(ctx.device))
+        for key, value in bench.hyperparameters(cfg, ctx).items():
+            log.event(key, value)
     log.end(constants.INIT_STOP)
 
-    staged = _stage(stage, log) if not staging_inside_run else None
-    ctx.barrier()
+    staged = _stage(stage, log, timer) if not staging_inside_run else None
+    with timer.phase("communication"):
+        ctx.barrier()
     log.start(constants.RUN_START)
     run_started = time.perf_counter()
+    init_seconds = run_started - init_started
     metrics: list[float] = []
     samples_per_s = 0.0
     epoch = 0
     in_epoch = False
     error: str | None = None
+    stats = _TrainStats()
     try:
-        staged = staged or _stage(stage, log)
-        data = bench.build_data(cfg, staged.path, ctx, seed)
-        log.event(constants.TRAIN_SAMPLES, data.train_samples)
-        log.event(constants.EVAL_SAMPLES, data.eval_samples)
-        optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, _len(data.train))
-        optimizer = ctx.wrap_optimizer(optimizer, model)
+        staged = staged or _stage(stage, log, timer)
+        with timer.phase("setup"):
+            data = bench.build_data(cfg, staged.path, ctx, seed)
+            log.event(constants.TRAIN_SAMPLES, data.train_samples)
+            log.event(constants.EVAL_SAMPLES, data.eval_samples)
+            optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, _len(data.train))
+            optimizer = ctx.wrap_optimizer(optimizer, model)
         for epoch in range(1, loop.max_epochs + 1):
             if data.set_epoch is not None:
                 data.set_epoch(epoch)
             log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
             in_epoch = True
-            samples_per_s = _train_epoch(bench, model, optimizer, scheduler, data, ctx, loop, epoch)
+            samples_per_s = _train_epoch(
+                bench, model, optimizer, scheduler, data, ctx, loop, epoch, timer, stats
+            )
             in_epoch = False
             log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
             log.event("tracked_stats", {"throughput": samples_per_s}, {constants.EPOCH_NUM: epoch})
             log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
-            metric = _evaluate(bench, model, data, ctx)
+            with timer.phase("evaluation"):
+                metric = _evaluate(bench, model, data, ctx)
             log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
             log.event(bench.target.metric, metric, {constants.EPOCH_NUM: epoch})
             metrics.append(metric)
@@ -163,21 +184,56 @@ def train_to_target(
         if in_epoch:  # close the interval so the aborted log stays well-formed
             log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
         error = str(abort)
+    with timer.phase("communication"):
+        samples_seen, achieved = _global_flops(stats, timer, ctx)
     status = constants.SUCCESS if error is None else constants.ABORTED
-    log.end(constants.RUN_STOP, metadata={constants.STATUS: status, constants.EPOCH_NUM: epoch})
-    return RunResult(
+    result = RunResult(
         status=status,
         epochs=epoch,
         metrics=metrics,
         run_seconds=time.perf_counter() - run_started,
         train_samples_per_s=samples_per_s,
+        flops_per_sample=stats.flops_per_sample,
+        achieved_flops_per_s=achieved,
         error=error,
     )
+    if bench.run_end_events is not None:
+        for key, value in bench.run_end_events(cfg, result).items():
+            log.event(key, value)
+    log.end(constants.RUN_STOP, metadata={constants.STATUS: status, constants.EPOCH_NUM: epoch})
+    result.run_seconds = time.perf_counter() - run_started
+    result.breakdown = Breakdown(
+        seconds=dict(timer.seconds),
+        time_to_train_s=result.run_seconds,
+        init_s=init_seconds,
+        flops_per_sample=stats.flops_per_sample,
+        achieved_flops_per_s=achieved,
+        train_samples_seen=samples_seen,
+    )
+    return result
 
 
-def _stage(stage: Callable[[], StagedData], log: MLLog) -> StagedData:
+@dataclass
+class _TrainStats:
+    """This rank's training work over all epochs, for the achieved FLOP/s."""
+
+    samples: int = 0
+    flops_per_sample: float = 0.0
+    counted: bool = False
+
+
+def _global_flops(stats: _TrainStats, timer: PhaseTimer, ctx: DistContext) -> tuple[int, float]:
+    """(training samples over all ranks, FLOP/s over forward + backward time summed over ranks)."""
+    compute_s = timer.seconds["forward"] + timer.seconds["backward"]
+    rank_rate = stats.samples * stats.flops_per_sample / compute_s if compute_s > 0 else 0.0
+    totals = ctx.all_reduce_sum(torch.tensor([float(stats.samples), rank_rate], device=ctx.device))
+    return int(totals[0].item()), float(totals[1].item())
+
+
+def _stage(stage: Callable[[], StagedData], log: MLLog, timer: PhaseTimer) -> StagedData:
     log.start(constants.STAGING_START)
-    staged = stage()
+    with timer.phase("staging"):
+        staged = stage()
     log.end(constants.STAGING_STOP, metadata=staged.metadata)
     return staged
 
@@ -191,6 +247,8 @@ def _train_epoch(
     ctx: DistContext,
     loop: LoopConfig,
     epoch: int,
+    timer: PhaseTimer,
+    stats: _TrainStats,
 ) -> float:
     """One pass over this rank's shard; returns global training samples per second."""
     model.train()
@@ -200,24 +258,37 @@ def _train_epoch(
     started = time.perf_counter()
     samples = 0
     optimizer.zero_grad(set_to_none=True)
-    for step, batch in enumerate(data.train):
-        batch = to_device(batch, ctx.device)
-        autocast = torch.autocast("cuda", dtype=torch.float16) if use_amp else contextlib.nullcontext()
-        with autocast:
-            loss = bench.compute_loss(model, batch) / accumulate
-        _check_finite(loss, ctx, epoch, step)
-        (scaler.scale(loss) if scaler else loss).backward()
-        samples += batch_size(batch)
+    for step, batch in enumerate(timer.timed_iter(data.train)):
+        with timer.phase("data_wait"):
+            batch = to_device(batch, ctx.device)
+        size = batch_size(batch)
+        # The first step of the run runs under the FLOP counter: forward and backward.
+        counter = FlopCounterMode(display=False) if not stats.counted else None
+        with counter or contextlib.nullcontext():
+            autocast = torch.autocast("cuda", dtype=torch.float16) if use_amp else contextlib.nullcontext()
+            with timer.phase("forward"), autocast:
+                loss = bench.compute_loss(model, batch) / accumulate
+            with timer.phase("communication"):
+                _check_finite(loss, ctx, epoch, step)
+            with timer.phase("backward"):
+                (scaler.scale(loss) if scaler else loss).backward()
+        if counter is not None:
+            stats.flops_per_sample = counter.get_total_flops() / max(size, 1)
+            stats.counted = True
+        samples += size
         if (step + 1) % accumulate == 0:
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-    total = ctx.all_reduce_sum(torch.tensor([float(samples)], device=ctx.device)).item()
+            with timer.phase("optimizer"):
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if scheduler is not None:
+                    scheduler.step()
+    stats.samples += samples
+    with timer.phase("communication"):
+        total = ctx.all_reduce_sum(torch.tensor([float(samples)], device=ctx.device)).item()
     return total / max(time.perf_counter() - started, 1e-9)
 
 

@@ -23,9 +23,18 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 class MLLog:
     """One run's MLLOG stream; `enabled=False` (ranks other than 0) logs nothing."""
 
-    def __init__(self, result_path: Path | None, *, enabled: bool, echo: bool = True) -> None:
+    def __init__(
+        self,
+        result_path: Path | None,
+        *,
+        enabled: bool,
+        echo: bool = True,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         self.result_path = Path(result_path) if result_path is not None else None
         self.enabled = enabled
+        self.metadata = dict(metadata or {})
+        """Added to every event's metadata, e.g. {"instance": 3} in a weak-scaling job."""
         self._tmp_path: Path | None = None
         self._logger = logging.getLogger(f"mlhpc.mllog.run{next(_counter)}")
         self._logger.propagate = False
@@ -44,15 +53,20 @@ class MLLog:
 
     def event(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
         if self.enabled:
-            self._mllogger.event(key=key, value=value, metadata=metadata)
+            self._mllogger.event(key=key, value=value, metadata=self._with_base(metadata))
 
     def start(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
         if self.enabled:
-            self._mllogger.start(key=key, value=value, metadata=metadata)
+            self._mllogger.start(key=key, value=value, metadata=self._with_base(metadata))
 
     def end(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
         if self.enabled:
-            self._mllogger.end(key=key, value=value, metadata=metadata)
+            self._mllogger.end(key=key, value=value, metadata=self._with_base(metadata))
+
+    def _with_base(self, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not self.metadata:
+            return metadata
+        return {**(metadata or {}), **self.metadata}
 
     def close(self) -> Path | None:
         """Flush, close and move the finished log to its final name; return that path."""

@@ -63,6 +63,11 @@ class Benchmark:
     """evaluate(model, loader, ctx) -> the metric over all ranks' validation shards."""
     hyperparameters: Callable[..., dict[str, Any]]
     """hyperparameters(cfg, ctx) -> {MLLOG key: value} logged before init_stop."""
+    default_division: Callable[..., Literal["closed", "open"]] | None = None
+    """default_division(cfg) -> the division a run goes in when --division is not given (closed
+    when None); e.g. open where the closed rules fix the real dataset's sample counts."""
+    run_end_events: Callable[..., dict[str, Any]] | None = None
+    """run_end_events(cfg, result: RunResult) -> {MLLOG key: value} logged just before run_stop."""
 
     def config_path(self, name_or_path: str) -> Path:
         """'mini' / 'full' name a packaged config; anything else is a path to a YAML file."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mlhpc import __version__
 from mlhpc.common.errors import ConfigError, MlhpcError
+from mlhpc.slurm_campaign import add_slurm_arguments
 from mlhpc.staging.bench import add_bench_arguments
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.stage import DEFAULT_WORKERS
@@ -26,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any(item.startswith("-") or "=" not in item for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.handler(args) or 0)
@@ -111,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         "stage, train each seed to target, write and check a submission",
         "mlhpc run cosmoflow --config mini --seeds 10 --out runs/\n"
+        "mlhpc run cosmoflow --config mini --seeds 10 --out runs/ --resume   # after an interruption\n"
+        "mlhpc run cosmoflow --config mini --instances 10 --out runs/weak   # weak scaling\n"
         "torchrun --nproc_per_node=2 -m mlhpc run cosmoflow --seeds 1 --out runs/",
     )
     run.add_argument("benchmark")
@@ -126,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--submitter", default="mlhpc")
     run.add_argument("--system", default=None, help="system name (default <host>_<cpu|gpu>_n<ranks>)")
-    run.add_argument("--division", choices=("closed", "open"), default="closed")
+    run.add_argument(
+        "--division",
+        choices=("closed", "open"),
+        default=None,
+        help="default closed, or open where the closed rules need the real dataset (deepcam mini)",
+    )
     run.add_argument("--status", choices=("onprem", "cloud", "preview", "research"), default="onprem")
     run.add_argument("--ruleset", choices=RULESETS, default="3.0.0")
     run.add_argument(
@@ -140,11 +149,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--clear-cache", action="store_true", help="drop the page cache before each run (root)")
     run.add_argument("--no-check", action="store_true", help="skip `mlhpc check` at the end")
     run.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted campaign in --out: keep its successful runs, rerun the rest",
+    )
+    run.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="weak scaling: train this many models at once, one per group of ranks "
+        "(a single process launches the ranks itself, one per instance)",
+    )
+    run.add_argument(
         "overrides",
         nargs="*",
         metavar="key=value",
         help="config overrides, e.g. loop.max_epochs=20",
     )
+    add_slurm_arguments(run)
     run.set_defaults(handler=_run)
 
     check = _command(
@@ -160,6 +182,30 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--report", type=Path, default=None, metavar="DIR", help="write DIR/index.html")
     check.add_argument("--jobs", type=int, default=None, help="parallel compliance checks")
     check.set_defaults(handler=_check)
+
+    variability = _command(
+        sub,
+        "variability",
+        "run-to-run variability of a campaign: epochs and minutes to target, runs a comparison needs",
+        "mlhpc variability runs/mlhpc --plot variability.png --difference 0.05",
+    )
+    variability.add_argument("path", type=Path, help="a campaign's --out, a results folder, or one log")
+    variability.add_argument(
+        "--difference", type=float, default=0.05, help="relative gap to detect (default 0.05)"
+    )
+    variability.add_argument("--confidence", type=float, default=0.95, help="two-sided (default 0.95)")
+    variability.add_argument("--plot", type=Path, default=None, help="write the distributions as PNG")
+    variability.set_defaults(handler=_variability)
+
+    report = _command(
+        sub,
+        "report",
+        "where each run's time went: init, staging, data wait, forward, backward, ... and FLOP/s",
+        "mlhpc report runs/ --plot breakdown.png",
+    )
+    report.add_argument("path", type=Path, help="the --out folder of `mlhpc run`, or one breakdown file")
+    report.add_argument("--plot", type=Path, default=None, help="write a stacked bar per run as PNG")
+    report.set_defaults(handler=_report)
     return parser
 
 
@@ -239,8 +285,16 @@ def _stage_bench(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.slurm or args.dry_run:  # submit and return: the login node needs neither torch nor data
+        from mlhpc.slurm_campaign import run_slurm_campaign
+
+        return run_slurm_campaign(args)
     from mlhpc.common.distributed import init_distributed, shutdown_distributed
+    from mlhpc.common.launch import detect_launch
     from mlhpc.runner import RunOptions, run_campaign
+
+    if args.instances > 1 and detect_launch().world_size == 1:
+        return _launch_instances(args)
 
     opts = RunOptions(
         benchmark=args.benchmark,
@@ -259,6 +313,8 @@ def _run(args: argparse.Namespace) -> int:
         staging=args.staging,
         clear_cache=args.clear_cache,
         check=not args.no_check,
+        resume=args.resume,
+        instances=args.instances,
     )
     ctx = init_distributed(args.backend, args.device)
     started = time.perf_counter()
@@ -267,6 +323,8 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         shutdown_distributed()
     if ctx.is_main:
+        if campaign.kept:
+            print(f"\nresumed: kept the finished runs {campaign.kept}")
         print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
         for seed, result, _ in campaign.results:
             print(
@@ -275,6 +333,39 @@ def _run(args: argparse.Namespace) -> int:
             )
         print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
     return campaign.check_status or 0
+
+
+def _launch_instances(args: argparse.Namespace) -> int:
+    """Start one local rank per instance under torchrun with this same command line, then check
+    the submission here (a failing check in a rank would read as a crashed worker)."""
+    import os
+    import subprocess
+
+    from mlhpc.submission_checker.command import check_command
+
+    threads = max(1, (os.cpu_count() or 1) // args.instances)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc_per_node={args.instances}", "-m", "mlhpc", *args.argv, "--no-check"]
+    print(f"launching {args.instances} local ranks, one per instance: {' '.join(command)}", flush=True)
+    status = subprocess.call(command, env=env)
+    if status != 0 or args.no_check:
+        return status
+    return check_command(args.out / args.submitter, ruleset=args.ruleset)
+
+
+def _variability(args: argparse.Namespace) -> int:
+    from mlhpc.variability import variability_command
+
+    variability_command(args.path, difference=args.difference, confidence=args.confidence, plot=args.plot)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from mlhpc.report import report_command
+
+    report_command(args.path, plot=args.plot)
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:

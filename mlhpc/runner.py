@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -18,9 +19,16 @@ from mlhpc import __version__
 from mlhpc.common import registry
 from mlhpc.common.config import load_config, to_dict
 from mlhpc.common.distributed import DistContext
-from mlhpc.common.errors import ConfigError, SubmissionError, TrainingError
+from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError, TrainingError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
-from mlhpc.common.layout import implementation_dir, result_file, results_dir, system_json_path
+from mlhpc.common.layout import (
+    Scaling,
+    breakdown_file,
+    implementation_dir,
+    result_file,
+    results_dir,
+    system_json_path,
+)
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
 from mlhpc.staging import CallbackComm, Communicator, build_manifest, resolve_local_dir, stage_dataset
@@ -29,6 +37,7 @@ from mlhpc.staging.manifest import MANIFEST_NAME
 from mlhpc.system_desc import default_system_name, describe_system
 
 DATASET_COMPLETE = ".mlhpc_generated"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,12 +54,17 @@ class RunOptions:
     local_dir: Path | None = None
     submitter: str = "mlhpc"
     system: str | None = None
-    division: Literal["closed", "open"] = "closed"
+    division: Literal["closed", "open"] | None = None
+    """None: the benchmark's default for the config (closed unless its rules forbid it)."""
     status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
     ruleset: str = "3.0.0"
     staging: Literal["inside", "before"] = "inside"
     clear_cache: bool = False
     check: bool = True
+    resume: bool = False
+    """Keep the campaign's finished runs in `out` and run only the missing or failed ones."""
+    instances: int = 1
+    """Weak scaling: split the ranks into this many groups, each training its own model at once."""
 
 
 @dataclass
@@ -58,51 +72,103 @@ class CampaignResult:
     org_dir: Path
     system: str
     results: list[tuple[int, RunResult, Path | None]] = field(default_factory=list)
+    """(seed, result, log) of each run this call trained (on rank 0: its instance's)."""
+    kept: list[int] = field(default_factory=list)
+    """Result indices a resumed campaign kept from before."""
     check_status: int | None = None
 
 
 def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
+    """Strong scaling: the seeds one after another on all ranks. Weak scaling (instances > 1):
+    the ranks split into groups that each train one model at the same time."""
     if opts.staging == "before" and opts.ruleset in ("1.0.0", "2.0.0"):
         raise ConfigError(
             f"--staging before is not allowed by HPC ruleset {opts.ruleset}: it requires staging "
             "inside run_start..run_stop; use --staging inside or --ruleset 3.0.0"
         )
+    weak = opts.instances > 1
+    if weak and opts.seeds != 1:
+        raise ConfigError(f"--instances {opts.instances} trains one model per instance; drop --seeds")
+    if weak and opts.resume:
+        raise ConfigError(
+            "a weak-scaling job is timed as one (earliest run_start to latest run_stop), so it "
+            "cannot be resumed; run it again into a new --out"
+        )
     bench = registry.get(opts.benchmark)
     cfg = load_config(bench.config_class, bench.config_path(opts.config), opts.overrides)
-    cfg.loop.local_batch_size(ctx.world_size)  # fail now, not after generating data
+    if opts.division is None:
+        division = bench.default_division(cfg) if bench.default_division is not None else "closed"
+        opts = replace(opts, division=division)
+    group = ctx.split(opts.instances) if weak else ctx
+    cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
     system = opts.system or default_system_name(ctx)
     org_dir = Path(opts.out) / opts.submitter
-    refuse_earlier_results(org_dir, system, bench.name)
-    ctx.barrier()
+    scaling: Scaling = "weak" if weak else "strong"
+    seeds = campaign_seeds(opts, ctx, count=opts.instances if weak else opts.seeds)
+    plan = on_main(ctx, lambda: plan_runs(org_dir, system, scaling, bench.name, seeds, cfg, opts))
 
     data_dir = opts.data if opts.data is not None else ensure_synthetic_data(bench, cfg, opts, ctx)
-    if ctx.is_main:
+
+    def validate_and_describe() -> None:
         bench.validate_dataset(cfg, data_dir)
         write_submission_files(org_dir, system, bench.name, cfg, opts, ctx)
-    ctx.barrier()
 
-    seeds = campaign_seeds(opts, ctx)
-    campaign = CampaignResult(org_dir=org_dir, system=system)
+    on_main(ctx, validate_and_describe)
+
+    campaign = CampaignResult(org_dir=org_dir, system=system, kept=plan.kept)
     submission = SubmissionInfo(
         org=opts.submitter, division=opts.division, status=opts.status, platform=system
     )
-    local_root = resolve_local_dir(opts.local_dir)
-    comm = staging_comm(ctx)
-    for index, seed in enumerate(seeds):
-        path = result_file(org_dir, system, "strong", bench.name, index)
-        stage_dir = local_root / f"mlhpc-stage-{bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
-        log = MLLog(path, enabled=ctx.is_main)
+    runner = _SeedRunner(bench, cfg, opts, data_dir, org_dir, system, scaling, submission)
+    if weak:
+        instance = group.instance or 0
+        campaign.results.append(runner.run(group, instance, plan.seeds[instance]))
+        ctx.barrier()  # the job ends when its last instance does
+    else:
+        for index in plan.to_run:
+            campaign.results.append(runner.run(ctx, index, plan.seeds[index]))
+    failed = [(seed, result, path) for seed, result, path in campaign.results if result.status != "success"]
+    if failed:
+        seed, result, path = failed[0]
+        raise TrainingError(f"the run with seed {seed} aborted: {result.error}; its log is {path}")
+    if opts.check and ctx.is_main:
+        from mlhpc.submission_checker.command import check_command
+
+        campaign.check_status = check_command(org_dir, ruleset=opts.ruleset)
+    return campaign
+
+
+@dataclass(frozen=True)
+class _SeedRunner:
+    """Stages, trains one seed to target and writes its result log and time breakdown."""
+
+    bench: registry.Benchmark
+    cfg: Any
+    opts: RunOptions
+    data_dir: Path
+    org_dir: Path
+    system: str
+    scaling: Scaling
+    submission: SubmissionInfo
+
+    def run(self, ctx: DistContext, index: int, seed: int) -> tuple[int, RunResult, Path | None]:
+        path = result_file(self.org_dir, self.system, self.scaling, self.bench.name, index)
+        local_root = resolve_local_dir(self.opts.local_dir)
+        stage_dir = local_root / f"mlhpc-stage-{self.bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
+        comm = staging_comm(ctx)
+        metadata = {"instance": ctx.instance} if ctx.instance is not None else None
+        log = MLLog(path, enabled=ctx.is_main, metadata=metadata)
         try:
             result = train_to_target(
-                bench,
-                cfg,
+                self.bench,
+                self.cfg,
                 ctx,
                 log,
                 seed=seed,
-                submission=submission,
-                stage=lambda stage_dir=stage_dir: _stage(data_dir, stage_dir, ctx, comm),
-                staging_inside_run=opts.staging == "inside",
-                clear_cache=opts.clear_cache,
+                submission=self.submission,
+                stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm),
+                staging_inside_run=self.opts.staging == "inside",
+                clear_cache=self.opts.clear_cache,
             )
         except BaseException:
             log.discard()
@@ -112,25 +178,80 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
             if ctx.local_rank == 0:
                 shutil.rmtree(stage_dir, ignore_errors=True)
         written = log.close()
-        campaign.results.append((seed, result, written))
-        if result.status != "success":
-            raise TrainingError(
-                f"run {index} (seed {seed}) aborted: {result.error}; its log is {written or path}"
+        if ctx.is_main and result.breakdown is not None:
+            where = breakdown_file(self.org_dir, self.system, self.scaling, self.bench.name, index)
+            atomic_write_json(
+                where, {"result": str(written or path), "seed": seed, **result.breakdown.to_dict()}
             )
-    if opts.check and ctx.is_main:
-        from mlhpc.submission_checker.command import check_command
-
-        campaign.check_status = check_command(org_dir, ruleset=opts.ruleset)
-    return campaign
+        return seed, result, written or path
 
 
-def refuse_earlier_results(org_dir: Path, system: str, benchmark: str) -> None:
-    """Never overwrite a submission: results already there are an error that names them."""
-    existing = sorted(results_dir(org_dir, system, "strong", benchmark).glob("result_*.txt"))
-    if existing:
+@dataclass(frozen=True)
+class RunPlan:
+    """Which result indices a campaign still has to run, and every index's seed."""
+
+    seeds: list[int]
+    to_run: list[int]
+    kept: list[int]
+
+
+def plan_runs(
+    org_dir: Path, system: str, scaling: Scaling, benchmark: str, seeds: list[int], cfg: Any, opts: RunOptions
+) -> RunPlan:
+    """Never overwrite a finished run. Without --resume, results already there are an error; with
+    it, successful runs are kept (their seeds fix the campaign's) and the others rerun."""
+    folder = results_dir(org_dir, system, scaling, benchmark)
+    existing = sorted(folder.glob("result_*.txt"))
+    if not existing:
+        return RunPlan(seeds=seeds, to_run=list(range(len(seeds))), kept=[])
+    if not opts.resume:
         raise SubmissionError(
-            f"{existing[0].parent} already holds {len(existing)} result file(s); "
-            "pass a new --out or move the earlier results away"
+            f"{folder} already holds {len(existing)} result file(s); pass --resume to finish "
+            "that campaign, a new --out, or move the earlier results away"
+        )
+    _check_same_config(org_dir, benchmark, cfg)
+    for leftover in folder.glob(".result_*.tmp"):  # a run killed before it could clean up
+        leftover.unlink(missing_ok=True)
+    finished = finished_runs(folder)
+    if finished:
+        index, seed = min(finished.items())
+        first = seed - index
+        if opts.first_seed is not None and opts.first_seed != first:
+            raise ConfigError(
+                f"{folder / f'result_{index}.txt'} ran seed {seed}, so this campaign's first seed is "
+                f"{first}, not --first-seed {opts.first_seed}; drop --first-seed to resume"
+            )
+        seeds = [first + i for i in range(len(seeds))]
+        clash = [i for i, s in finished.items() if i >= len(seeds) or s != seeds[i]]
+        if clash:
+            raise ConfigError(
+                f"{folder / f'result_{clash[0]}.txt'} does not belong to a campaign of {len(seeds)} "
+                f"seeds from {first}; pass the campaign's --seeds, or a new --out"
+            )
+    kept = sorted(finished)
+    return RunPlan(seeds=seeds, to_run=[i for i in range(len(seeds)) if i not in finished], kept=kept)
+
+
+def finished_runs(folder: Path) -> dict[int, int]:
+    """{result index: seed} of the logs in `folder` that reached run_stop with status success."""
+    from mlhpc.submission_checker.logparse import parse_log
+
+    finished: dict[int, int] = {}
+    for path in folder.glob("result_*.txt"):
+        index = path.stem.rsplit("_", 1)[-1]
+        log = parse_log(path)
+        if not index.isdigit() or log.run_stop_status != "success" or not log.seeds:
+            continue
+        finished[int(index)] = int(log.seeds[0][0])
+    return finished
+
+
+def _check_same_config(org_dir: Path, benchmark: str, cfg: Any) -> None:
+    saved = implementation_dir(org_dir, benchmark, "mlhpc-pytorch") / "config.yaml"
+    if saved.is_file() and yaml.safe_load(saved.read_text()) != yaml.safe_load(yaml.safe_dump(to_dict(cfg))):
+        raise ConfigError(
+            f"the campaign being resumed ran with the config in {saved}; pass the same --config and "
+            "overrides, or a new --out"
         )
 
 
@@ -165,26 +286,44 @@ def write_submission_files(
     )
 
 
-def campaign_seeds(opts: RunOptions, ctx: DistContext) -> list[int]:
-    """Distinct positive seeds: first_seed, first_seed+1, ... or random ones chosen by rank 0."""
-    if opts.seeds <= 0:
-        raise ConfigError(f"--seeds {opts.seeds} must be at least 1")
+def campaign_seeds(opts: RunOptions, ctx: DistContext, count: int | None = None) -> list[int]:
+    """`count` (default --seeds) distinct positive seeds: first_seed, first_seed+1, ... from
+    --first-seed or from a random first seed chosen by rank 0."""
+    count = opts.seeds if count is None else count
+    if count <= 0:
+        raise ConfigError(f"--seeds {count} must be at least 1")
     first = opts.first_seed
     if first is None:
         first = ctx.broadcast_object(int.from_bytes(os.urandom(3), "little") + 1)
-    return [first + i for i in range(opts.seeds)]
+    return [first + i for i in range(count)]
+
+
+def on_main(ctx: DistContext, work: Callable[[], T]) -> T:
+    """Do `work` on rank 0 only and hand its result, or its error, to every rank, so that a bad
+    dataset or a refused --out stops the whole job at once instead of leaving ranks waiting."""
+    outcome: tuple[bool, Any] | None = None
+    if ctx.is_main:
+        try:
+            outcome = (True, work())
+        except MlhpcError as error:
+            outcome = (False, error)
+    succeeded, value = ctx.broadcast_object(outcome)
+    if not succeeded:
+        raise value
+    return value
 
 
 def staging_comm(ctx: DistContext) -> Communicator:
     """Staging's collectives: MPI when mpirun started the job and mpi4py is there, else the
-    torch.distributed group; under Horovod without mpi4py, only barriers (every node copies)."""
+    torch.distributed group; under Horovod without mpi4py, or for one instance of a weak-scaling
+    job, only barriers (every node copies)."""
     if not ctx.distributed:
         return CallbackComm()
-    if ctx.launcher == "mpi" and mpi_available():
+    if ctx.launcher == "mpi" and mpi_available() and ctx.group is None:
         from mlhpc.staging.mpi_comm import MpiComm
 
         return MpiComm()
-    if ctx.backend == "horovod":
+    if ctx.backend == "horovod" or ctx.group is not None:
         node = ctx.rank // max(1, ctx.local_world_size)
         return CallbackComm(
             ctx.local_rank, ctx.local_world_size, ctx.barrier, node=node, num_nodes=ctx.num_nodes

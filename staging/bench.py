@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.plots import pyplot, write_png
 from mlhpc.staging import bench_tools as tools
 from mlhpc.staging.plan import MODES
 
@@ -217,10 +218,7 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], cold: bool) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     sizes = sorted({r["file_kib"] for r in rows})
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
@@ -247,9 +245,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("workers per rank")
         ax.set_ylabel("MB/s written to node-local disk")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    write_png(fig, path)
 
 
 _COLORS = {"cp": "black", "tar": "brown", "raw-read": "green", "raw-write": "red", "disk-limit": "purple"}

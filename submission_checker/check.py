@@ -76,7 +76,16 @@ def _run_reports(
         evals = () if log is None else tuple((e, v) for k, e, v in log.evals if k == metric)
         epochs = log.rcp.epochs if converged and log is not None else None
         runs.append(
-            RunReport(_relative(analysis.path, root), timing.minutes, analysis.compliant, role, epochs, evals)
+            RunReport(
+                _relative(analysis.path, root),
+                timing.minutes,
+                analysis.compliant,
+                role,
+                epochs,
+                evals,
+                achieved_flops_per_s=None if log is None else log.achieved_flops_per_s,
+                valid_flops=None if log is None else log.valid_flops,
+            )
         )
     return tuple(runs)
 

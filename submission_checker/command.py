@@ -75,6 +75,22 @@ def report_table(report: CheckReport) -> Table:
     return table
 
 
+def flops_lines(report: CheckReport) -> list[Text]:
+    """HPC AI500's figures for the entries whose runs log them: achieved FLOP/s and Valid FLOPS."""
+    lines = []
+    for e in report.entries:
+        flops = e.mean_flops()
+        if flops is not None:
+            achieved, valid, runs = flops
+            lines.append(
+                Text(
+                    f"{e.submitter}/{e.system}/{e.scaling}/{e.benchmark}: achieved {achieved:.4g} FLOP/s, "
+                    f"Valid FLOPS {valid:.4g} (HPC AI500; mean of {runs} compliant run(s))"
+                )
+            )
+    return lines
+
+
 def finding_line(finding: Finding) -> Text:
     """`severity path:line rule: message`, the severity coloured."""
     text = Text(finding.severity, style=_STYLE.get(finding.severity, ""))
@@ -85,6 +101,8 @@ def finding_line(finding: Finding) -> Text:
 def print_report(report: CheckReport, console: Console) -> None:
     console.print(report_table(report))
     findings = list(report.all_findings())
+    for line in flops_lines(report):
+        console.print(line, soft_wrap=True)
     for finding in findings:
         console.print(finding_line(finding), soft_wrap=True)
     errors = sum(f.severity == "error" for f in findings)

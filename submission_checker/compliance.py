@@ -15,6 +15,7 @@ import copy
 import functools
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import logging
 import multiprocessing
@@ -39,6 +40,10 @@ MIN_FILES_FOR_POOL = 300
 # The largest published HPC result log is 1.3 MB; a file this big is not a log, and the engine
 # would read all of it into memory.
 MAX_RESULT_BYTES = 32 * 2**20
+
+# This project's benchmarks that mlperf_logging has no rules for: their rule file, relative to the
+# `mlhpc.benchmarks` folder (found without importing it, which would import torch).
+OWN_RULES = {"extreme_weather": "extreme_weather/closed_extreme_weather.yaml"}
 
 _log = logging.getLogger(__name__)
 _FAILED_IN_LINE = re.compile(r"failed in line (\d+)")
@@ -201,12 +206,36 @@ def _shorten(message: str, path: str, log: RunLog | None) -> ComplianceMessage:
     return ComplianceMessage(line, " ".join(text.split()))
 
 
+def own_rules(benchmark: str | None) -> Path | None:
+    """The rule file this project ships for `benchmark`, or None for mlperf_logging's own benchmarks."""
+    if benchmark not in OWN_RULES:
+        return None
+    spec = importlib.util.find_spec("mlhpc.benchmarks")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / OWN_RULES[benchmark]
+        if path.is_file():
+            return path.resolve()
+    raise SubmissionError(
+        f"the rule file {OWN_RULES[benchmark]} of {benchmark} is not installed; reinstall mlhpc"
+    )
+
+
 def run_engine(path: str, ruleset: str, log: RunLog | None = None) -> tuple[bool, list[ComplianceMessage]]:
-    """Run the official checker on one file: (passed, its messages)."""
+    """Run the official checker on one file: (passed, its messages).
+
+    Logs of this project's own benchmarks run under their shipped rule file (an absolute path,
+    which the engine takes as it is); the others under `hpc_<ruleset>/common.yaml`.
+    """
+    try:
+        rules = own_rules(log.benchmark if log is not None else None)
+    except SubmissionError as e:
+        return False, [ComplianceMessage(None, str(e))]
+    config = str(rules) if rules is not None else f"{USAGE}_{ruleset}/common.yaml"
     with _engine_context(ruleset) as engine:
         checker = engine.make_checker(USAGE, ruleset, quiet=True, werror=False)
         try:
-            valid = checker.check_file(path, f"{USAGE}_{ruleset}/common.yaml")
+            valid = checker.check_file(path, config)
         except Exception as e:  # the engine raises on some malformed records; that is a finding
             text = f"the official compliance checker stopped on this file: {type(e).__name__}: {e}"
             return False, [ComplianceMessage(None, text)]

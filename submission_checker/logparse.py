@@ -8,9 +8,12 @@ the RCP reader sees what the official one sees.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mlhpc.common.log_keys import ACHIEVED_FLOPS, VALID_FLOPS
 
 from .rcp import RcpRead, RcpReader
 
@@ -61,6 +64,10 @@ class RunLog:
     """Epochs to converge and batch size as the official RCP checker reads them."""
     long_line: tuple[int, int] | None = None
     """(line, characters) of the first `:::MLLOG` line longer than MAX_MLLOG_LINE_CHARS."""
+    achieved_flops_per_s: float | None = None
+    """Value of the first `achieved_flops_per_s` line (HPC AI500 benchmarks), if a finite number."""
+    valid_flops: float | None = None
+    """Value of the first `valid_flops` line (HPC AI500's Valid FLOPS), if a finite number."""
 
     @property
     def has_start_stop(self) -> bool:
@@ -173,6 +180,12 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def parse_log(path: Path | str) -> RunLog:
     """Parse `path`; bad lines become `parse_errors`, an unreadable file raises OSError."""
     mllog_lines: list[int] = []
@@ -222,6 +235,8 @@ def parse_log(path: Path | str) -> RunLog:
         evals=tuple(state.evals),
         rcp=rcp.result(),
         long_line=long_line,
+        achieved_flops_per_s=_number(first.get(ACHIEVED_FLOPS)),
+        valid_flops=_number(first.get(VALID_FLOPS)),
     )
 
 

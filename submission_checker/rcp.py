@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,8 @@ def olympic_epochs(epochs: Sequence[float]) -> float:
     import numpy as np
 
     ordered = sorted(epochs)
+    if len(ordered) <= 2:
+        return math.nan  # numpy's mean of nothing, as the official code gets, without its warning
     return float(np.mean(ordered[1 : len(ordered) - 1]))
 
 

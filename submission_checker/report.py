@@ -25,14 +25,27 @@ class RunReport:
     """Epochs to converge as the RCP checker reads them (None when it did not converge)."""
     evals: tuple[tuple[float, float], ...] = ()
     """(epoch, eval metric) up to run_stop, for the convergence plot; not in the JSON."""
+    achieved_flops_per_s: float | None = None
+    """HPC AI500 benchmarks: training FLOP/s the run logged (None when it logged none)."""
+    valid_flops: float | None = None
+    """HPC AI500 benchmarks: Valid FLOPS the run logged (None when it logged none)."""
 
     def to_json(self) -> dict[str, Any]:
+        flops = (
+            {}
+            if self.valid_flops is None and self.achieved_flops_per_s is None
+            else {
+                "achieved_flops_per_s": self.achieved_flops_per_s,
+                "valid_flops": self.valid_flops,
+            }
+        )
         return {
             "file": self.file,
             "minutes": self.minutes,
             "compliant": self.compliant,
             "dropped": self.dropped,
             "epochs": self.epochs,
+            **flops,
         }
 
 
@@ -67,6 +80,23 @@ class EntryReport:
     @property
     def dropped_runs(self) -> int:
         return sum(r.dropped == "not counted" for r in self.runs)
+
+    def mean_flops(self) -> tuple[float, float, int] | None:
+        """HPC AI500: (mean achieved FLOP/s, mean Valid FLOPS, runs) over the compliant runs that
+        logged both; None when none did (the MLPerf benchmarks log neither)."""
+        runs = [
+            r
+            for r in self.runs
+            if r.compliant and r.achieved_flops_per_s is not None and r.valid_flops is not None
+        ]
+        if not runs:
+            return None
+        n = len(runs)
+        return (
+            sum(r.achieved_flops_per_s or 0.0 for r in runs) / n,
+            sum(r.valid_flops or 0.0 for r in runs) / n,
+            n,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -14,8 +14,9 @@ import torch
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.data import read_file_lists
+from mlhpc.common.dali import import_dali
 from mlhpc.common.distributed import DistContext
-from mlhpc.common.errors import ConfigError, DataError
+from mlhpc.common.errors import DataError
 from mlhpc.common.registry import DataBundle
 
 OUTPUTS = ("cube", "target")
@@ -53,7 +54,7 @@ class DaliLoader:
 
 def build_dali_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
     """Train and validation DALI loaders for this rank; global sample counts as the torch path."""
-    dali = _import_dali()
+    dali = import_dali()
     data_dir = Path(data_dir)
     batch = cfg.loop.local_batch_size(ctx.world_size)
     train_pairs = read_file_lists(data_dir / "train")
@@ -83,18 +84,6 @@ def build_dali_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed
         eval_samples=len(eval_pairs),
         set_epoch=None,  # the train reader reshuffles the whole list itself after every epoch
     )
-
-
-def _import_dali() -> ModuleType:
-    try:
-        import nvidia.dali as dali
-        import nvidia.dali.math  # binds dali.math
-        import nvidia.dali.plugin.pytorch  # noqa: F401  (binds dali.plugin.pytorch)
-    except ImportError as e:
-        raise ConfigError(
-            "data.loader=dali needs nvidia-dali: pip install 'mlhpc[gpu]', or use data.loader=torch"
-        ) from e
-    return dali
 
 
 def _iterator(

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import Dataset
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
+from mlhpc.common.loaders import torch_data_bundle
 from mlhpc.common.loop import to_device
+from mlhpc.common.npyfile import check_npy
 from mlhpc.common.registry import DataBundle
 
 SPLITS = ("train", "validation")
@@ -112,32 +114,6 @@ def read_file_lists(split_dir: Path) -> list[tuple[Path, Path]]:
     return [(split_dir / d, split_dir / lab) for d, lab in zip(data_names, label_names, strict=True)]
 
 
-def check_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> None:
-    """Read only the header and size: wrong shape, wrong dtype or truncation is a DataError."""
-    try:
-        with open(path, "rb") as handle:
-            version = np.lib.format.read_magic(handle)
-            if version == (1, 0):
-                header = np.lib.format.read_array_header_1_0(handle)
-            else:
-                header = np.lib.format.read_array_header_2_0(handle)
-            got_shape, fortran, got_dtype = header
-            offset = handle.tell()
-    except FileNotFoundError as e:
-        raise DataError(f"{path} is listed but missing; regenerate or restage the dataset") from e
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path} is not a valid .npy file ({e}); regenerate or restage it") from e
-    if tuple(got_shape) != shape or np.dtype(got_dtype) != dtype or fortran:
-        raise DataError(
-            f"{path} holds {np.dtype(got_dtype)}{list(got_shape)}, expected {dtype}{list(shape)}; "
-            "regenerate it or set data.sample_size / data.num_channels to match"
-        )
-    expected = offset + int(np.prod(shape)) * dtype.itemsize
-    actual = path.stat().st_size
-    if actual != expected:
-        raise DataError(f"{path} is truncated ({actual} of {expected} bytes); regenerate or restage it")
-
-
 def validate_dataset(cfg: CosmoFlowConfig, data_dir: Path) -> None:
     """Check every listed file's header and size before any time is spent training."""
     data_dir = Path(data_dir)
@@ -152,8 +128,9 @@ def validate_dataset(cfg: CosmoFlowConfig, data_dir: Path) -> None:
         for data_path, label_path in read_file_lists(data_dir / split):
             checks.append((data_path, shape, DATA_DTYPE))
             checks.append((label_path, (NUM_TARGETS,), LABEL_DTYPE))
+    fix = "regenerate it or set data.sample_size / data.num_channels to match"
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda args: check_npy(*args), checks))
+        list(pool.map(lambda args: check_npy(*args, fix=fix), checks))
 
 
 # ---------------------------------------------------------------- torch loading
@@ -189,30 +166,16 @@ def build_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed: int
         from mlhpc.benchmarks.cosmoflow.dali import build_dali_data
 
         return build_dali_data(cfg, data_dir, ctx, seed)
-    batch = cfg.loop.local_batch_size(ctx.world_size)
     train = CosmoFlowFiles(Path(data_dir) / "train", apply_log=cfg.data.apply_log)
     validation = CosmoFlowFiles(Path(data_dir) / "validation", apply_log=cfg.data.apply_log)
-    if len(train) < cfg.loop.global_batch_size:
-        raise DataError(
-            f"{data_dir}/train has {len(train)} samples, fewer than loop.global_batch_size="
-            f"{cfg.loop.global_batch_size}; generate more samples or lower the batch size"
-        )
-    sampler = DistributedSampler(
-        train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=True
-    )
-    loader_args = {
-        "num_workers": cfg.data.num_workers,
-        "pin_memory": ctx.device.type == "cuda",
-        "persistent_workers": cfg.data.num_workers > 0,
-    }
-    # Validation shards are disjoint and unpadded, so the all-reduced MAE covers each sample once.
-    shard = Subset(validation, range(ctx.rank, len(validation), ctx.world_size))
-    return DataBundle(
-        train=DataLoader(train, batch_size=batch, sampler=sampler, drop_last=True, **loader_args),
-        validation=DataLoader(shard, batch_size=batch, shuffle=False, **loader_args),
-        train_samples=len(train),
-        eval_samples=len(validation),
-        set_epoch=sampler.set_epoch,
+    return torch_data_bundle(
+        train,
+        validation,
+        loop=cfg.loop,
+        ctx=ctx,
+        seed=seed,
+        num_workers=cfg.data.num_workers,
+        where=data_dir,
     )
 
 

@@ -1,0 +1,101 @@
+"""DeepCAM's optimizer, LR schedule, weighted loss and the hyperparameters its MLLOG rules require."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from mlhpc.benchmarks.deepcam.config import DeepCamConfig
+from mlhpc.common.distributed import DistContext
+from mlhpc.common.schedules import WarmupSchedule, build_lr_scheduler
+
+
+def schedule(cfg: DeepCamConfig) -> WarmupSchedule:
+    opt = cfg.optimizer
+    return WarmupSchedule(
+        kind=opt.scheduler,
+        warmup_steps=opt.warmup_steps,
+        warmup_factor=opt.warmup_factor,
+        milestones=opt.milestones,
+        decay_rate=opt.decay_rate,
+        t_max=opt.t_max,
+        eta_min_ratio=opt.eta_min / opt.lr,
+    )
+
+
+def build_optimizer(
+    cfg: DeepCamConfig, model: torch.nn.Module, ctx: DistContext, steps_per_epoch: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    opt = cfg.optimizer
+    common = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
+    optimizer: torch.optim.Optimizer
+    if opt.name == "LAMB":
+        from timm.optim import Lamb  # here: timm takes seconds to import, and only LAMB needs it
+
+        # timm's Lamb follows apex FusedLAMB, the reference's: bias correction, averaged gradients,
+        # the global gradient norm clipped to max_grad_norm, decoupled weight decay, trust ratio
+        # on the parameters that decay.
+        optimizer = Lamb(
+            model.parameters(),
+            bias_correction=True,
+            grad_averaging=True,
+            max_grad_norm=opt.max_grad_norm,
+            **common,
+        )
+    elif opt.name == "AdamW":
+        optimizer = torch.optim.AdamW(model.parameters(), **common)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), **common)
+    return optimizer, build_lr_scheduler(optimizer, schedule(cfg))
+
+
+def compute_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The reference's CELoss: per-pixel class-weighted cross-entropy, averaged over all pixels
+    (not over the weights, as reduction='mean' would); the weights are the model's buffer."""
+    fields, label = batch
+    weight = getattr(model, "module", model).loss_weights  # DDP keeps the model in .module
+    return F.cross_entropy(model(fields).float(), label, weight=weight, reduction="none").mean()
+
+
+def hyperparameters(cfg: DeepCamConfig, ctx: DistContext) -> dict[str, Any]:
+    """The keys hpc_<ruleset>/closed_deepcam*.yaml require, with their values."""
+    opt = cfg.optimizer
+    keys: dict[str, Any] = {
+        "global_batch_size": cfg.loop.global_batch_size,
+        "batchnorm_group_size": 1,  # per-rank BN statistics, the reference default
+        "gradient_accumulation_frequency": cfg.loop.gradient_accumulation_steps,
+        "opt_name": opt.name,
+        "opt_lr": opt.lr,
+        "opt_betas": list(opt.betas),
+        "opt_eps": opt.eps,
+        "opt_weight_decay": opt.weight_decay,
+    }
+    if opt.name == "LAMB":
+        keys |= {
+            "opt_bias_correction": True,
+            "opt_grad_averaging": True,
+            "opt_max_grad_norm": opt.max_grad_norm,
+        }
+    keys |= {
+        "scheduler_type": opt.scheduler,
+        "scheduler_lr_warmup_steps": opt.warmup_steps,
+        "scheduler_lr_warmup_factor": opt.warmup_factor,
+    }
+    if opt.scheduler == "multistep":
+        keys |= {"scheduler_milestones": list(opt.milestones), "scheduler_decay_rate": opt.decay_rate}
+    else:
+        keys |= {"scheduler_t_max": opt.t_max, "scheduler_eta_min": opt.eta_min}
+    return keys
+
+
+# The closed rules (hpc_3.0.0/closed_deepcam.yaml) require the real dataset's sample counts.
+REAL_TRAIN_SAMPLES = 121_266
+REAL_EVAL_SAMPLES = 15_158
+
+
+def default_division(cfg: DeepCamConfig) -> Literal["closed", "open"]:
+    """closed for the real dataset's sizes; open for smaller ones (mini), which closed rules refuse."""
+    real = (cfg.data.num_train_samples, cfg.data.num_eval_samples) == (REAL_TRAIN_SAMPLES, REAL_EVAL_SAMPLES)
+    return "closed" if real else "open"

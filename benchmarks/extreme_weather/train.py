@@ -1,0 +1,104 @@
+"""Extreme weather's optimizer, LR schedule, loss, logged hyperparameters and run-end FLOPS events."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
+from mlhpc.common.distributed import DistContext
+from mlhpc.common.log_keys import ACHIEVED_FLOPS, FLOPS_PER_SAMPLE, VALID_FLOPS, VFLOPS_EXPONENT
+from mlhpc.common.loop import RunResult
+
+
+def valid_flops(flops: float, achieved: float, target: float, exponent: float) -> float:
+    """HPC AI500's Valid FLOPS: flops x (achieved / target) ** exponent (quality higher is better)."""
+    if target <= 0:
+        raise ValueError(f"target quality {target} must be positive")
+    if achieved < 0 or flops < 0:
+        raise ValueError(f"FLOPS {flops} and achieved quality {achieved} must not be negative")
+    return flops * (achieved / target) ** exponent
+
+
+def scaled_learning_rate(cfg: ExtremeWeatherConfig) -> float:
+    """Linear scaling from base_learning_rate at base_batch_size to the global batch size."""
+    opt = cfg.optimizer
+    return opt.base_learning_rate * cfg.loop.global_batch_size / opt.base_batch_size
+
+
+def lr_multiplier(cfg: ExtremeWeatherConfig, epoch_progress: float) -> float:
+    """Multiplier of the scaled LR after `epoch_progress` epochs (fractional during warm-up)."""
+    opt = cfg.optimizer
+    if epoch_progress < opt.warmup_epochs:
+        return opt.warmup_factor + (1.0 - opt.warmup_factor) * epoch_progress / opt.warmup_epochs
+    passed = sum(math.floor(epoch_progress) >= b for b in opt.decay_boundary_epochs)
+    return opt.decay_factor**passed
+
+
+def build_optimizer(
+    cfg: ExtremeWeatherConfig, model: torch.nn.Module, ctx: DistContext, steps_per_epoch: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(
+        params,
+        lr=scaled_learning_rate(cfg),
+        momentum=cfg.optimizer.momentum,
+        weight_decay=cfg.optimizer.weight_decay,
+    )
+    if cfg.optimizer.max_grad_norm > 0:
+        _clip_before_step(optimizer, params, cfg.optimizer.max_grad_norm)
+    steps = max(1, steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(cfg, step / steps))
+    return optimizer, scheduler
+
+
+def _clip_before_step(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], norm: float
+) -> None:
+    # The shared loop owns the step; a pre-hook clips exactly where a hand-written loop would.
+    def clip(*_: Any) -> None:
+        torch.nn.utils.clip_grad_norm_(params, norm)
+
+    optimizer.register_step_pre_hook(clip)
+
+
+def compute_loss(
+    model: torch.nn.Module, batch: tuple[torch.Tensor, list[dict[str, torch.Tensor]]]
+) -> torch.Tensor:
+    """The sum of Faster R-CNN's four losses (RPN objectness and boxes, head classes and boxes)."""
+    images, targets = batch
+    losses = model(images, targets)
+    return torch.stack([v for v in losses.values()]).sum()
+
+
+def hyperparameters(cfg: ExtremeWeatherConfig, ctx: DistContext) -> dict[str, Any]:
+    """The keys closed_extreme_weather.yaml requires or allows, with their values."""
+    opt = cfg.optimizer
+    return {
+        "global_batch_size": cfg.loop.global_batch_size,
+        "gradient_accumulation_frequency": cfg.loop.gradient_accumulation_steps,
+        "opt_name": "sgd",
+        "opt_base_learning_rate": scaled_learning_rate(cfg),
+        "opt_momentum": opt.momentum,
+        "opt_weight_decay": opt.weight_decay,
+        "opt_learning_rate_warmup_epochs": opt.warmup_epochs,
+        "opt_learning_rate_warmup_factor": opt.warmup_factor,
+        "opt_learning_rate_decay_boundary_epochs": list(opt.decay_boundary_epochs),
+        "opt_learning_rate_decay_factor": opt.decay_factor,
+        "opt_gradient_clip_norm": opt.max_grad_norm,
+        "model_backbone": cfg.model.backbone,
+        VFLOPS_EXPONENT: cfg.quality.vflops_exponent,
+    }
+
+
+def run_end_events(cfg: ExtremeWeatherConfig, result: RunResult) -> dict[str, Any]:
+    """FLOPs per sample, achieved FLOP/s and Valid FLOPS at the last evaluation's mAP."""
+    achieved = result.metrics[-1] if result.metrics else 0.0
+    flops = result.achieved_flops_per_s
+    return {
+        FLOPS_PER_SAMPLE: result.flops_per_sample,
+        ACHIEVED_FLOPS: flops,
+        VALID_FLOPS: valid_flops(flops, max(achieved, 0.0), cfg.loop.target, cfg.quality.vflops_exponent),
+    }

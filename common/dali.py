@@ -1,0 +1,20 @@
+"""NVIDIA DALI, imported only when a config asks for it (the optional `gpu` extra)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from mlhpc.common.errors import ConfigError
+
+
+def import_dali() -> ModuleType:
+    """nvidia.dali with `dali.math` and `dali.plugin.pytorch` bound; ConfigError without the extra."""
+    try:
+        import nvidia.dali as dali
+        import nvidia.dali.math
+        import nvidia.dali.plugin.pytorch  # noqa: F401  (binds dali.plugin.pytorch)
+    except ImportError as e:
+        raise ConfigError(
+            "data.loader=dali needs nvidia-dali: pip install 'mlhpc[gpu]', or use data.loader=torch"
+        ) from e
+    return dali

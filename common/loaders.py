@@ -1,0 +1,49 @@
+"""The torch DataLoader pair every benchmark's torch path builds: shuffled, sharded train batches
+and disjoint, unpadded validation shards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from mlhpc.common.distributed import DistContext
+from mlhpc.common.errors import DataError
+from mlhpc.common.loop import LoopConfig
+from mlhpc.common.registry import DataBundle
+
+
+def torch_data_bundle(
+    train: Dataset,
+    validation: Dataset,
+    *,
+    loop: LoopConfig,
+    ctx: DistContext,
+    seed: int,
+    num_workers: int,
+    where: Path | str,
+) -> DataBundle:
+    """Loaders for this rank; DataError when `train` cannot fill one global batch."""
+    if len(train) < loop.global_batch_size:  # type: ignore[arg-type]
+        raise DataError(
+            f"{where}/train has {len(train)} samples, fewer than loop.global_batch_size="  # type: ignore[arg-type]
+            f"{loop.global_batch_size}; generate more samples or lower the batch size"
+        )
+    batch = loop.local_batch_size(ctx.world_size)
+    sampler = DistributedSampler(
+        train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=True
+    )
+    loader_args = {
+        "num_workers": num_workers,
+        "pin_memory": ctx.device.type == "cuda",
+        "persistent_workers": num_workers > 0,
+    }
+    # Disjoint, unpadded validation shards: an all-reduced metric covers each sample once.
+    shard = Subset(validation, range(ctx.rank, len(validation), ctx.world_size))  # type: ignore[arg-type]
+    return DataBundle(
+        train=DataLoader(train, batch_size=batch, sampler=sampler, drop_last=True, **loader_args),
+        validation=DataLoader(shard, batch_size=batch, shuffle=False, **loader_args),
+        train_samples=len(train),  # type: ignore[arg-type]
+        eval_samples=len(validation),  # type: ignore[arg-type]
+        set_epoch=sampler.set_epoch,
+    )

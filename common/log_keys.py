@@ -1,0 +1,11 @@
+"""MLLOG keys of our own (mlperf_logging.constants has none for them), shared by the benchmarks
+that log them and the checker that reads them; no torch here, so the checker can import it."""
+
+FLOPS_PER_SAMPLE = "flops_per_sample"
+"""Forward + backward FLOPs of one training sample."""
+ACHIEVED_FLOPS = "achieved_flops_per_s"
+"""Training FLOPs over forward + backward time, summed over ranks (HPC AI500's FLOPS)."""
+VALID_FLOPS = "valid_flops"
+"""HPC AI500's Valid FLOPS: FLOPS x (achieved quality / target quality)^n."""
+VFLOPS_EXPONENT = "vflops_exponent"
+"""The n of Valid FLOPS."""

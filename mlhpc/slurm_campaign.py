@@ -1,0 +1,392 @@
+"""`mlhpc run --slurm`: a strong-scaling campaign as Slurm jobs, one per seed through run_and_time.sh,
+then one job that checks the submission. The script builders are pure; `submit` calls sbatch."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlhpc.common.errors import ConfigError, SubmissionError
+from mlhpc.common.fileio import atomic_write_json, atomic_write_text
+from mlhpc.staging.manifest import MANIFEST_NAME
+
+SBATCH_TIMEOUT_S = 60
+# `mlhpc run` flags a seed job passes on to its own `mlhpc run` (attribute, flag).
+_PASSED_ON = (
+    ("submitter", "--submitter"),
+    ("division", "--division"),
+    ("status", "--status"),
+    ("ruleset", "--ruleset"),
+    ("staging", "--staging"),
+    ("backend", "--backend"),
+    ("device", "--device"),
+    ("local_dir", "--local-dir"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmResources:
+    """What every seed job asks Slurm for."""
+
+    nodes: int = 1
+    ntasks_per_node: int = 1
+    """Ranks per node: one per GPU on GPU nodes, one (using every core) on CPU nodes."""
+    time: str = "01:00:00"
+    """Wall-clock limit of one seed job."""
+    partition: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    """More sbatch options (--account=..., --gpus-per-node=4), written as #SBATCH lines of every job."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.ntasks_per_node < 1:
+            raise ConfigError(
+                f"--slurm-nodes {self.nodes} --slurm-ntasks-per-node {self.ntasks_per_node}: "
+                "both must be at least 1"
+            )
+        for arg in self.sbatch_args:
+            if not arg.startswith("-") or any(c in arg for c in "\n\r"):
+                raise ConfigError(
+                    f"--sbatch-arg {arg!r} is not one sbatch option; write it as --sbatch-arg=--account=abc"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmCampaign:
+    """Everything the job scripts of one campaign need, with absolute paths."""
+
+    benchmark: str
+    config: str
+    out: Path
+    submitter: str
+    system: str
+    ruleset: str
+    seeds: tuple[int, ...]
+    """The seed of result_<i>.txt, for every i of the campaign."""
+    to_run: tuple[int, ...]
+    """The result indices still to run (a resumed campaign keeps its finished ones)."""
+    data: Path
+    generate: bool
+    """Whether a first job generates synthetic data into `data` (no --data given, none there yet)."""
+    overrides: tuple[str, ...] = ()
+    run_flags: tuple[str, ...] = ()
+    run_and_time: Path
+    mlhpc_cmd: tuple[str, ...]
+    resources: SlurmResources = field(default_factory=SlurmResources)
+
+    @property
+    def slurm_dir(self) -> Path:
+        return self.out / "slurm"
+
+
+@dataclass(frozen=True)
+class SubmittedJobs:
+    """The job ids sbatch gave the campaign's jobs."""
+
+    generate: str | None
+    seeds: dict[int, str]
+    check: str
+
+
+def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `mlhpc run` options of a Slurm campaign."""
+    group = parser.add_argument_group("Slurm campaign (one job per seed, then a job running mlhpc check)")
+    group.add_argument("--slurm", action="store_true", help="submit the seeds as sbatch jobs and return")
+    group.add_argument(
+        "--dry-run", action="store_true", help="with --slurm: print the scripts, submit nothing"
+    )
+    group.add_argument("--slurm-nodes", type=int, default=1, help="nodes per seed job (default 1)")
+    group.add_argument(
+        "--slurm-ntasks-per-node", type=int, default=1, help="ranks per node, one per GPU (default 1)"
+    )
+    group.add_argument("--slurm-time", default="01:00:00", help="time limit per seed job (default 01:00:00)")
+    group.add_argument("--slurm-partition", default=None, help="partition (default: the cluster's)")
+    group.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="more sbatch options for every job, repeatable: --sbatch-arg=--account=abc",
+    )
+
+
+def campaign_from_args(args: argparse.Namespace) -> SlurmCampaign:
+    """The campaign `mlhpc run ... --slurm` asks for; refuses what a job per seed cannot do."""
+    if getattr(args, "instances", 1) > 1:
+        raise ConfigError("--slurm submits the seeds of a strong-scaling campaign; drop --instances")
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds {args.seeds} must be at least 1")
+    bad = [o for o in args.overrides if any(c.isspace() for c in o)]
+    if bad:
+        raise ConfigError(f"override {bad[0]!r} holds whitespace, which run_and_time.sh splits on; remove it")
+    resources = SlurmResources(
+        nodes=args.slurm_nodes,
+        ntasks_per_node=args.slurm_ntasks_per_node,
+        time=args.slurm_time,
+        partition=args.slurm_partition,
+        sbatch_args=tuple(args.sbatch_arg),
+    )
+    out = Path(args.out).absolute()
+    ranks = resources.nodes * resources.ntasks_per_node
+    # Seed jobs may land on different nodes: fix the system name now so every result shares one folder.
+    system = args.system or f"{socket.gethostname().split('.')[0] or 'host'}_slurm_n{ranks}"
+    seeds, to_run = plan_seeds(
+        out, args.submitter, args.benchmark, args.seeds, args.first_seed, getattr(args, "resume", False)
+    )
+    data = (
+        Path(args.data).absolute()
+        if args.data
+        else out / "datasets" / f"{args.benchmark}-{Path(args.config).stem}"
+    )
+    flags: list[str] = ["--system", system]
+    for attribute, flag in _PASSED_ON:
+        value = getattr(args, attribute, None)
+        if value is not None:
+            flags += [flag, str(Path(value).absolute()) if attribute == "local_dir" else str(value)]
+    if getattr(args, "clear_cache", False):
+        flags.append("--clear-cache")
+    return SlurmCampaign(
+        benchmark=args.benchmark,
+        config=str(Path(args.config).absolute()) if Path(args.config).suffix else args.config,
+        out=out,
+        submitter=args.submitter,
+        system=system,
+        ruleset=args.ruleset,
+        seeds=tuple(seeds),
+        to_run=tuple(to_run),
+        data=data,
+        generate=args.data is None and not (data / MANIFEST_NAME).is_file(),
+        overrides=tuple(args.overrides),
+        run_flags=tuple(flags),
+        run_and_time=find_run_and_time(),
+        mlhpc_cmd=(sys.executable, "-m", "mlhpc"),
+        resources=resources,
+    )
+
+
+def plan_seeds(
+    out: Path, submitter: str, benchmark: str, count: int, first_seed: int | None, resume: bool
+) -> tuple[list[int], list[int]]:
+    """(seed of every index, indices to run). Finished results in `out` are an error, or with
+    `resume` are kept and fix the first seed; the first seed is otherwise random."""
+    from mlhpc.submission_checker.logparse import parse_log
+
+    existing = sorted(out.glob(f"{submitter}/results/*/strong/{benchmark}/result_*.txt"))
+    if existing and not resume:
+        raise SubmissionError(
+            f"{existing[0].parent} already holds {len(existing)} result file(s); pass --resume to "
+            "submit only the missing seeds, or a new --out"
+        )
+    finished: dict[int, int] = {}
+    for path in existing:
+        log = parse_log(path)
+        index = path.stem.rsplit("_", 1)[-1]
+        if not index.isdigit() or log.run_stop_status != "success" or not log.seeds:
+            raise SubmissionError(f"{path} is not a finished run; move it away, then resume")
+        finished[int(index)] = int(log.seeds[0][0])
+    if finished:
+        first = min(seed - index for index, seed in finished.items())
+        if first_seed is not None and first_seed != first:
+            raise ConfigError(f"the results in {out} started from seed {first}; drop --first-seed to resume")
+        first_seed = first
+    if first_seed is None:
+        first_seed = secrets.randbelow(1 << 24) + 1
+    if first_seed < 1:
+        raise ConfigError(f"--first-seed {first_seed} must be a positive integer")
+    seeds = [first_seed + i for i in range(count)]
+    clash = [i for i, s in finished.items() if i >= count or s != seeds[i]]
+    if clash:
+        raise ConfigError(
+            f"result_{clash[0]}.txt in {out} does not belong to a campaign of {count} seeds from "
+            f"{first_seed}; pass that campaign's --seeds, or a new --out"
+        )
+    return seeds, [i for i in range(count) if i not in finished]
+
+
+def find_run_and_time() -> Path:
+    """run_and_time.sh on PATH (the container images install it there), else the source checkout's."""
+    on_path = shutil.which("run_and_time.sh")
+    if on_path:
+        return Path(on_path).absolute()
+    beside = Path(__file__).resolve().parents[1] / "run_and_time.sh"
+    if beside.is_file():
+        return beside
+    raise ConfigError("cannot find run_and_time.sh; put the repository's copy on PATH and submit again")
+
+
+def directives(
+    resources: SlurmResources, *, job_name: str, output: Path, single_task: bool = False
+) -> list[str]:
+    """The #SBATCH lines of one job; the generate and check jobs take a single task."""
+    lines = [f"#SBATCH --job-name={job_name}"]
+    if single_task:
+        lines += ["#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
+    else:
+        lines += [
+            f"#SBATCH --nodes={resources.nodes}",
+            f"#SBATCH --ntasks-per-node={resources.ntasks_per_node}",
+        ]
+    lines.append(f"#SBATCH --time={resources.time}")
+    if resources.partition:
+        lines.append(f"#SBATCH --partition={resources.partition}")
+    lines.append(f"#SBATCH --output={output}")
+    lines += [f"#SBATCH {arg}" for arg in resources.sbatch_args]
+    return lines
+
+
+def _exports(values: dict[str, str]) -> list[str]:
+    return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+
+
+def _script(header: str, sbatch_lines: list[str], body: list[str]) -> str:
+    return "\n".join(["#!/bin/bash", f"# {header}", *sbatch_lines, "set -euo pipefail", *body]) + "\n"
+
+
+def seed_script(c: SlurmCampaign, index: int) -> str:
+    """The job that trains seed `index` on every task of its allocation and files result_<index>.txt."""
+    sbatch = directives(
+        c.resources, job_name=f"mlhpc-{c.benchmark}-{index}", output=c.slurm_dir / f"seed_{index}-%j.out"
+    )
+    body = [
+        "# Node-local disk to stage to; srun passes it to every rank.",
+        'export MLHPC_LOCAL_DIR="${MLHPC_LOCAL_DIR:-${SLURM_TMPDIR:-/tmp}}"',
+        *_exports(
+            {
+                "BENCHMARK": c.benchmark,
+                "CONFIG": c.config,
+                "OUT": str(c.out),
+                "DATA": str(c.data),
+                "RUN_INDEX": str(index),
+                "SEED": str(c.seeds[index]),
+                "LAUNCHER": "srun --kill-on-bad-exit=1",
+                "MLHPC_CMD": shlex.join(c.mlhpc_cmd),
+                "EXTRA_ARGS": " ".join([*c.run_flags, *c.overrides]),
+            }
+        ),
+        f"exec bash {shlex.quote(str(c.run_and_time))}",
+    ]
+    return _script(f"mlhpc campaign {c.benchmark}: seed {c.seeds[index]}, result_{index}.txt", sbatch, body)
+
+
+def generate_script(c: SlurmCampaign) -> str:
+    """The job that writes the synthetic dataset every seed job stages from."""
+    sbatch = directives(
+        c.resources,
+        job_name=f"mlhpc-{c.benchmark}-data",
+        output=c.slurm_dir / "generate-%j.out",
+        single_task=True,
+    )
+    command = [
+        *c.mlhpc_cmd,
+        "generate",
+        c.benchmark,
+        "--config",
+        c.config,
+        "--out",
+        str(c.data),
+        *c.overrides,
+    ]
+    return _script(
+        f"mlhpc campaign {c.benchmark}: synthetic data for every seed", sbatch, [shlex.join(command)]
+    )
+
+
+def check_script(c: SlurmCampaign) -> str:
+    """The job that checks and scores the submission once every seed job has ended, however it ended."""
+    sbatch = directives(
+        c.resources,
+        job_name=f"mlhpc-{c.benchmark}-check",
+        output=c.slurm_dir / "check-%j.out",
+        single_task=True,
+    )
+    command = [*c.mlhpc_cmd, "check", str(c.out / c.submitter), "--ruleset", c.ruleset]
+    report = shlex.quote(str(c.slurm_dir / "check-")) + '"$SLURM_JOB_ID".json'
+    return _script(
+        f"mlhpc campaign {c.benchmark}: check the submission",
+        sbatch,
+        [f"{shlex.join(command)} --json {report}"],
+    )
+
+
+def scripts(c: SlurmCampaign) -> dict[str, str]:
+    """File name -> text of every job script, in submission order."""
+    texts = {"generate.sbatch": generate_script(c)} if c.generate else {}
+    texts |= {f"seed_{i}.sbatch": seed_script(c, i) for i in c.to_run}
+    texts["check.sbatch"] = check_script(c)
+    return texts
+
+
+def dry_run_text(c: SlurmCampaign) -> str:
+    """The scripts and the sbatch commands `submit` would run, for --dry-run."""
+    parts = []
+    for name, text in scripts(c).items():
+        parts.append(f"### {c.slurm_dir / name}\n{text}")
+    seeds = ":".join(f"<seed_{i}>" for i in c.to_run)
+    after_data = " --dependency=afterok:<generate> --kill-on-invalid-dep=yes" if c.generate else ""
+    commands = ["sbatch --parsable " + str(c.slurm_dir / "generate.sbatch")] if c.generate else []
+    commands += [f"sbatch --parsable{after_data} {c.slurm_dir / f'seed_{i}.sbatch'}" for i in c.to_run]
+    dependency = f" --dependency=afterany:{seeds}" if seeds else ""
+    commands.append(f"sbatch --parsable{dependency} {c.slurm_dir / 'check.sbatch'}")
+    return "\n".join([*parts, "### would submit", *commands]) + "\n"
+
+
+def submit(c: SlurmCampaign, sbatch: str = "sbatch") -> SubmittedJobs:
+    """Write the scripts under <out>/slurm/ and submit them; the ids also go to slurm/jobs.json."""
+    executable = shutil.which(sbatch)
+    if executable is None:
+        raise ConfigError(f"{sbatch} is not on PATH; submit from a Slurm login node, or pass --dry-run")
+    paths = {name: atomic_write_text(c.slurm_dir / name, text) for name, text in scripts(c).items()}
+    generate = _sbatch(executable, paths["generate.sbatch"]) if c.generate else None
+    after_data = [f"--dependency=afterok:{generate}", "--kill-on-invalid-dep=yes"] if generate else []
+    seeds = {i: _sbatch(executable, paths[f"seed_{i}.sbatch"], *after_data) for i in c.to_run}
+    dependency = [f"--dependency=afterany:{':'.join(seeds.values())}"] if seeds else []
+    check = _sbatch(executable, paths["check.sbatch"], *dependency)
+    jobs = SubmittedJobs(generate=generate, seeds=seeds, check=check)
+    atomic_write_json(
+        c.slurm_dir / "jobs.json",
+        {
+            "generate": generate,
+            "seeds": {str(i): {"job": job, "seed": c.seeds[i]} for i, job in seeds.items()},
+            "check": check,
+        },
+    )
+    return jobs
+
+
+def _sbatch(executable: str, script: Path, *options: str) -> str:
+    command = [executable, "--parsable", *options, str(script)]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise SubmissionError(
+            f"{shlex.join(command)} took over {SBATCH_TIMEOUT_S} s; is slurmctld up?"
+        ) from e
+    job = proc.stdout.strip().split(";", 1)[0]
+    if proc.returncode != 0 or not job.isdigit():
+        reason = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        raise SubmissionError(f"{shlex.join(command)} failed: {reason}")
+    return job
+
+
+def run_slurm_campaign(args: argparse.Namespace) -> int:
+    """`mlhpc run --slurm`: print the plan (--dry-run) or submit it and print the job ids."""
+    if not args.slurm:
+        raise ConfigError("--dry-run prints the scripts of a Slurm campaign; add --slurm")
+    campaign = campaign_from_args(args)
+    if args.dry_run:
+        print(dry_run_text(campaign), end="")
+        return 0
+    jobs = submit(campaign)
+    for i, job in jobs.seeds.items():
+        print(f"seed job {job}: seed {campaign.seeds[i]} -> result_{i}.txt")
+    if jobs.generate:
+        print(f"data job {jobs.generate}: generates {campaign.data} first")
+    print(f"check job {jobs.check}: mlhpc check {campaign.out / campaign.submitter} after the seeds")
+    print(f"scripts, outputs and jobs.json in {campaign.slurm_dir}")
+    return 0

@@ -1,0 +1,210 @@
+"""Run-to-run variability of time-to-train: how much seeds differ, and how many runs a fair
+comparison of two systems needs when each is scored by the olympic mean (MLPerf HPC's rule).
+
+Pure statistics first; reading logs and printing/plotting after.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from mlhpc.common.errors import SubmissionError
+from mlhpc.common.plots import pyplot, write_png
+
+MAX_RUNS = 200
+"""The largest campaign `runs_needed` considers."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPoint:
+    """One successful run: what its log says."""
+
+    path: str
+    seed: int | None
+    epochs: float
+    """Epoch of the last evaluation before run_stop: the one that reached the target."""
+    minutes: float
+    """(run_stop - run_start) / 60000, as the MLPerf scorers time it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spread:
+    """Mean, sample standard deviation and coefficient of variation of a set of values."""
+
+    values: tuple[float, ...]
+    mean: float
+    std: float
+    cv: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        if not values:
+            raise ValueError("no values")
+        mean = statistics.fmean(values)
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        return cls(values=tuple(values), mean=mean, std=std, cv=std / mean if mean else 0.0)
+
+
+def olympic_mean(values: Sequence[float]) -> float:
+    """Drop the fastest and the slowest run, average the rest (needs at least 3 runs)."""
+    if len(values) < 3:
+        raise ValueError(f"an olympic mean needs at least 3 runs, got {len(values)}")
+    ordered = sorted(values)
+    return statistics.fmean(ordered[1:-1])
+
+
+@cache
+def olympic_se_factor(runs: int, draws: int = 40_000) -> float:
+    """Standard deviation of the olympic mean of `runs` independent standard normal draws.
+
+    No closed form exists for n > 3 (for n = 3 it is the median's, sqrt(0.4487)); a fixed-seed
+    simulation gives it to about 0.5 %.
+    """
+    if runs < 3:
+        raise ValueError(f"an olympic mean needs at least 3 runs, got {runs}")
+    rng = np.random.default_rng(20260)
+    samples = np.sort(rng.standard_normal((draws, runs)), axis=1)
+    return float(samples[:, 1:-1].mean(axis=1).std(ddof=1))
+
+
+def runs_needed(cv: float, difference: float, confidence: float = 0.95) -> int | None:
+    """Fewest runs per system whose olympic means tell apart two systems `difference` apart
+    (relative, e.g. 0.05 for 5 %), when each run's time varies with coefficient `cv`.
+
+    Two-sided test on the difference of two olympic means: distinguishable when
+    difference >= z * sqrt(2) * cv * olympic_se_factor(n). None if even MAX_RUNS runs are not enough.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence} must be between 0 and 1")
+    if difference <= 0:
+        raise ValueError(f"difference {difference} must be positive")
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    for runs in range(3, MAX_RUNS + 1):
+        if difference >= z * math.sqrt(2) * cv * olympic_se_factor(runs):
+            return runs
+    return None
+
+
+def read_runs(folder: Path) -> dict[Path, list[RunPoint]]:
+    """The successful runs under `folder`, grouped by the folder holding their result_*.txt."""
+    from mlhpc.submission_checker.logparse import parse_log
+
+    folder = Path(folder)
+    if not folder.exists():
+        raise SubmissionError(f"{folder} does not exist; pass a campaign's or a submission's folder")
+    paths = sorted(folder.rglob("result_*.txt")) if folder.is_dir() else [folder]
+    groups: dict[Path, list[RunPoint]] = {}
+    for path in paths:
+        log = parse_log(path)
+        if log.run_stop_status != "success" or not log.has_start_stop or not log.evals:
+            continue
+        seed = int(log.seeds[0][0]) if log.seeds and log.seeds[0][0].lstrip("-").isdigit() else None
+        minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
+        point = RunPoint(path=str(path), seed=seed, epochs=log.evals[-1][1], minutes=minutes)
+        groups.setdefault(path.parent, []).append(point)
+    if not groups:
+        raise SubmissionError(
+            f"{folder} holds no successful result_*.txt log; pass a folder with a campaign's results"
+        )
+    return groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variability:
+    """One entry's variability, ready to print or serialise."""
+
+    entry: str
+    runs: tuple[RunPoint, ...]
+    epochs: Spread
+    minutes: Spread
+    olympic_minutes: float | None
+    runs_needed: int | None
+    difference: float
+    confidence: float
+
+
+def analyse(entry: str, runs: Sequence[RunPoint], difference: float, confidence: float) -> Variability:
+    minutes = Spread.of([r.minutes for r in runs])
+    return Variability(
+        entry=entry,
+        runs=tuple(runs),
+        epochs=Spread.of([r.epochs for r in runs]),
+        minutes=minutes,
+        olympic_minutes=olympic_mean(minutes.values) if len(runs) >= 3 else None,
+        runs_needed=runs_needed(minutes.cv, difference, confidence),
+        difference=difference,
+        confidence=confidence,
+    )
+
+
+def variability_command(
+    folder: Path, *, difference: float = 0.05, confidence: float = 0.95, plot: Path | None = None
+) -> list[Variability]:
+    """`mlhpc variability DIR`: print each entry's table and write the distributions' PNG."""
+    from rich.console import Console
+    from rich.table import Table
+
+    groups = read_runs(folder)
+    results = [
+        analyse(_entry_name(path, Path(folder)), runs, difference, confidence)
+        for path, runs in groups.items()
+    ]
+    console = Console(width=120)
+    for result in results:
+        console.print(f"[bold]{result.entry}[/bold]: {len(result.runs)} successful runs")
+        table = Table()
+        for column in ("run", "seed", "epochs to target", "minutes to target"):
+            table.add_column(column, justify="right")
+        for run in result.runs:
+            table.add_row(Path(run.path).stem, str(run.seed), f"{run.epochs:g}", f"{run.minutes:.3f}")
+        for label, spread in (("mean", "mean"), ("std", "std")):
+            table.add_row(
+                label, "", f"{getattr(result.epochs, spread):.3f}", f"{getattr(result.minutes, spread):.3f}"
+            )
+        table.add_row("cv", "", f"{result.epochs.cv:.1%}", f"{result.minutes.cv:.1%}")
+        console.print(table)
+        olympic = (
+            f"{result.olympic_minutes:.3f} min" if result.olympic_minutes is not None else "n/a (<3 runs)"
+        )
+        needed = str(result.runs_needed) if result.runs_needed is not None else f"more than {MAX_RUNS}"
+        console.print(
+            f"olympic mean {olympic}; to tell two systems {result.difference:.0%} apart at "
+            f"{result.confidence:.0%} confidence, each needs {needed} runs (time-to-train cv "
+            f"{result.minutes.cv:.1%})\n"
+        )
+    if plot is not None:
+        plot_distributions(results, plot)
+        console.print(f"wrote {plot}")
+    return results
+
+
+def plot_distributions(results: Sequence[Variability], path: Path) -> None:
+    """Minutes and epochs to target per entry, one dot per run, with the mean."""
+    plt = pyplot()
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.6 * len(results) + 2.2), squeeze=False)
+    rng = np.random.default_rng(0)
+    for row, result in enumerate(results):
+        for axis, spread in zip(axes[0], (result.minutes, result.epochs), strict=True):
+            jitter = row + rng.uniform(-0.15, 0.15, len(spread.values))
+            axis.scatter(spread.values, jitter, s=14, alpha=0.7)
+            axis.plot([spread.mean, spread.mean], [row - 0.3, row + 0.3], color="black")
+    for axis, label in zip(axes[0], ("minutes to target", "epochs to target"), strict=True):
+        axis.set_yticks(range(len(results)), [r.entry for r in results], fontsize=7)
+        axis.set_xlabel(label)
+        axis.grid(axis="x", alpha=0.3)
+    write_png(fig, path)
+
+
+def _entry_name(entry: Path, root: Path) -> str:
+    try:
+        return entry.relative_to(root).as_posix() or entry.name
+    except ValueError:
+        return entry.as_posix()

@@ -1,0 +1,70 @@
+"""`mlhpc run extreme_weather` on mini: generate -> stage -> train to mAP 0.35 -> log -> check with our rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlhpc.benchmarks.extreme_weather import RULES_FILE
+from mlhpc.benchmarks.extreme_weather.train import valid_flops
+
+from .conftest import cli_env
+
+pytestmark = pytest.mark.slow
+
+RESULT = "mlhpc/results/ci_cpu_n1/strong/extreme_weather/result_0.txt"
+
+
+def test_mini_run_reaches_target_and_passes_the_rules(tmp_path: Path) -> None:
+    args = ["run", "extreme_weather", "--config", "mini", "--seeds", "1", "--first-seed", "1"]
+    args += ["--out", str(tmp_path / "out"), "--system", "ci_cpu_n1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlhpc", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=cli_env(MLHPC_LOCAL_DIR=str(tmp_path / "local")),
+    )
+    log = tmp_path / "out" / RESULT
+    assert log.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = [
+        json.loads(line.split(":::MLLOG", 1)[1])
+        for line in log.read_text().splitlines()
+        if ":::MLLOG" in line
+    ]
+    values = {e["key"]: e["value"] for e in events}
+    maps = [e["value"] for e in events if e["key"] == "eval_accuracy"]
+    assert maps and maps[-1] >= 0.35, maps
+    assert next(e for e in events if e["key"] == "run_stop")["metadata"]["status"] == "success"
+    # The run-end events sit just before run_stop and agree with the VFLOPS formula.
+    keys = [e["key"] for e in events]
+    assert keys[-4:] == ["flops_per_sample", "achieved_flops_per_s", "valid_flops", "run_stop"]
+    assert values["flops_per_sample"] > 1e8 and values["achieved_flops_per_s"] > 0
+    assert values["valid_flops"] == pytest.approx(
+        valid_flops(values["achieved_flops_per_s"], maps[-1], 0.35, 5.0)
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "mlperf_logging.compliance_checker",
+        "--usage",
+        "hpc",
+        "--ruleset",
+        "3.0.0",
+    ]
+    command += ["--config", str(RULES_FILE.resolve()), "--log_output", str(tmp_path / "cc.log"), str(log)]
+    official = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert official.returncode == 0, official.stdout + official.stderr
+    # `mlhpc run` ends with `mlhpc check`: it reports the HPC AI500 figures (one run: too few for a score).
+    assert "ci_cpu_n1/strong/extreme_weather: achieved" in proc.stdout and "Valid FLOPS" in proc.stdout
