@@ -31,6 +31,7 @@ from mlhpc.common.layout import (
 )
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
+from mlhpc.resume import finished_runs, resumed_first_seed
 from mlhpc.staging import CallbackComm, Communicator, build_manifest, resolve_local_dir, stage_dataset
 from mlhpc.staging.comm import mpi_available
 from mlhpc.staging.manifest import MANIFEST_NAME
@@ -212,38 +213,12 @@ def plan_runs(
     _check_same_config(org_dir, benchmark, cfg)
     for leftover in folder.glob(".result_*.tmp"):  # a run killed before it could clean up
         leftover.unlink(missing_ok=True)
-    finished = finished_runs(folder)
-    if finished:
-        index, seed = min(finished.items())
-        first = seed - index
-        if opts.first_seed is not None and opts.first_seed != first:
-            raise ConfigError(
-                f"{folder / f'result_{index}.txt'} ran seed {seed}, so this campaign's first seed is "
-                f"{first}, not --first-seed {opts.first_seed}; drop --first-seed to resume"
-            )
+    finished = finished_runs(folder.glob("result_*.txt"))
+    first = resumed_first_seed(finished, len(seeds), opts.first_seed, folder)
+    if first is not None:
         seeds = [first + i for i in range(len(seeds))]
-        clash = [i for i, s in finished.items() if i >= len(seeds) or s != seeds[i]]
-        if clash:
-            raise ConfigError(
-                f"{folder / f'result_{clash[0]}.txt'} does not belong to a campaign of {len(seeds)} "
-                f"seeds from {first}; pass the campaign's --seeds, or a new --out"
-            )
     kept = sorted(finished)
     return RunPlan(seeds=seeds, to_run=[i for i in range(len(seeds)) if i not in finished], kept=kept)
-
-
-def finished_runs(folder: Path) -> dict[int, int]:
-    """{result index: seed} of the logs in `folder` that reached run_stop with status success."""
-    from mlhpc.submission_checker.logparse import parse_log
-
-    finished: dict[int, int] = {}
-    for path in folder.glob("result_*.txt"):
-        index = path.stem.rsplit("_", 1)[-1]
-        log = parse_log(path)
-        if not index.isdigit() or log.run_stop_status != "success" or not log.seeds:
-            continue
-        finished[int(index)] = int(log.seeds[0][0])
-    return finished
 
 
 def _check_same_config(org_dir: Path, benchmark: str, cfg: Any) -> None:

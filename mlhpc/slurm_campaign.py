@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
+from mlhpc.resume import finished_runs, resumed_first_seed
 from mlhpc.staging.manifest import MANIFEST_NAME
 
 SBATCH_TIMEOUT_S = 60
@@ -175,37 +176,22 @@ def plan_seeds(
 ) -> tuple[list[int], list[int]]:
     """(seed of every index, indices to run). Finished results in `out` are an error, or with
     `resume` are kept and fix the first seed; the first seed is otherwise random."""
-    from mlhpc.submission_checker.logparse import parse_log
-
     existing = sorted(out.glob(f"{submitter}/results/*/strong/{benchmark}/result_*.txt"))
     if existing and not resume:
         raise SubmissionError(
             f"{existing[0].parent} already holds {len(existing)} result file(s); pass --resume to "
             "submit only the missing seeds, or a new --out"
         )
-    finished: dict[int, int] = {}
-    for path in existing:
-        log = parse_log(path)
-        index = path.stem.rsplit("_", 1)[-1]
-        if not index.isdigit() or log.run_stop_status != "success" or not log.seeds:
-            raise SubmissionError(f"{path} is not a finished run; move it away, then resume")
-        finished[int(index)] = int(log.seeds[0][0])
-    if finished:
-        first = min(seed - index for index, seed in finished.items())
-        if first_seed is not None and first_seed != first:
-            raise ConfigError(f"the results in {out} started from seed {first}; drop --first-seed to resume")
-        first_seed = first
+    finished = finished_runs(existing)
+    unfinished = [p for p in existing if p.stem.rsplit("_", 1)[-1] not in {str(i) for i in finished}]
+    if unfinished:
+        raise SubmissionError(f"{unfinished[0]} is not a finished run; move it away, then resume")
+    first_seed = resumed_first_seed(finished, count, first_seed, existing[0].parent if existing else out)
     if first_seed is None:
         first_seed = secrets.randbelow(1 << 24) + 1
     if first_seed < 1:
         raise ConfigError(f"--first-seed {first_seed} must be a positive integer")
     seeds = [first_seed + i for i in range(count)]
-    clash = [i for i, s in finished.items() if i >= count or s != seeds[i]]
-    if clash:
-        raise ConfigError(
-            f"result_{clash[0]}.txt in {out} does not belong to a campaign of {count} seeds from "
-            f"{first_seed}; pass that campaign's --seeds, or a new --out"
-        )
     return seeds, [i for i in range(count) if i not in finished]
 
 

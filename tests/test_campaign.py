@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc.common.timing import PHASES
-from mlhpc.runner import finished_runs
+from mlhpc.resume import finished_runs
 from mlhpc.submission_checker.check import check_submission
 from mlhpc.submission_checker.compliance import analyse_logs
 from mlhpc.submission_checker.scoring import RunTiming, weak_score
@@ -63,7 +63,7 @@ def test_killed_campaign_resumes_keeping_finished_runs(tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "the first run did not finish in 300 s"
         time.sleep(0.2)
     first_log = (results / "result_0.txt").read_bytes()
-    assert finished_runs(results) == {0: 40}, first_log.decode()[-500:]
+    assert finished_runs(results.glob("result_*.txt")) == {0: 40}, first_log.decode()[-500:]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert not (results / "result_2.txt").exists()
@@ -78,7 +78,11 @@ def test_killed_campaign_resumes_keeping_finished_runs(tmp_path: Path) -> None:
     assert resumed.returncode == 0, stderr
     assert "kept the finished runs [0]" in stdout
     assert (results / "result_0.txt").read_bytes() == first_log  # kept, not rerun
-    assert finished_runs(results) == {0: 40, 1: 41, 2: 42}  # the seeds continue from the kept run
+    assert finished_runs(results.glob("result_*.txt")) == {
+        0: 40,
+        1: 41,
+        2: 42,
+    }  # the seeds continue from the kept run
     assert sorted(p.name for p in results.iterdir()) == ["result_0.txt", "result_1.txt", "result_2.txt"]
     analyses = analyse_logs(sorted(results.glob("result_*.txt")), "3.0.0")
     assert all(a.compliant for a in analyses.values()), [a.messages for a in analyses.values()]

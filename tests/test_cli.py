@@ -52,7 +52,10 @@ def test_generate_then_stage_then_verify(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_unknown_benchmark_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "cosmo", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == "mlhpc: error: no benchmark 'cosmo'; known: cosmoflow\n"
+    assert (
+        capsys.readouterr().err
+        == "mlhpc: error: no benchmark 'cosmo'; known: cosmoflow, deepcam, extreme_weather\n"
+    )
 
 
 def test_mllog_only_rank_zero_writes_and_files_appear_whole(tmp_path: Path) -> None:

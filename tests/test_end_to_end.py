@@ -134,7 +134,7 @@ def test_earlier_results_are_never_overwritten(mini_run, run_mlhpc) -> None:
     proc = run_mlhpc(["run", "cosmoflow", "--seeds", "1", "--out", str(out), "--system", "ci_cpu_n1"])
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
-    assert "already holds 1 result file(s); pass a new --out" in proc.stderr
+    assert "already holds 1 result file(s); pass --resume to finish that campaign, a new --out" in proc.stderr
     assert (out / RESULT).read_bytes() == before
 
 
@@ -163,7 +163,10 @@ def test_non_finite_loss_aborts_with_a_well_formed_log(cosmo_data: Path, tmp_pat
         ]
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("mlhpc: error: run 0 (seed") and "non-finite loss at epoch 1" in proc.stderr
+    assert (
+        proc.stderr.startswith("mlhpc: error: the run with seed")
+        and "non-finite loss at epoch 1" in proc.stderr
+    )
     assert proc.stderr.strip().count("\n") == 0
     log = out / RESULT
     events = mllog_events(log)

@@ -30,10 +30,11 @@ QUICK = ["data.num_train_samples=256", "data.num_eval_samples=32", "loop.max_epo
 # epochs of about 1.2 s with these (seeds 41 and 42 do; some seeds need more than 12 epochs).
 CAMPAIGN = ["data.num_train_samples=1024", "data.num_eval_samples=64", "loop.max_epochs=20"]
 LAUNCH_TIMEOUT_S = 240
+# Each rank writes its own file in the working directory: ranks' stdout lines can interleave.
 DETECT = (
     "import json; from mlhpc.common.launch import detect_launch; i = detect_launch(); "
-    "print(json.dumps(dict(launcher=i.launcher, rank=i.rank, world=i.world_size, "
-    "local_rank=i.local_rank, local_world=i.local_world_size, master=i.master_addr)))"
+    "open(f'detect_{i.rank}.json', 'w').write(json.dumps(dict(launcher=i.launcher, rank=i.rank, "
+    "world=i.world_size, local_rank=i.local_rank, local_world=i.local_world_size, master=i.master_addr)))"
 )
 OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -52,9 +53,9 @@ def output(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
 
 
-def detected(stdout: str) -> list[dict]:
-    """The detect_launch() of every rank, in rank order."""
-    found = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+def detected(folder: Path) -> list[dict]:
+    """The detect_launch() of every rank that ran DETECT in `folder`, in rank order."""
+    found = [json.loads(path.read_text()) for path in folder.glob("detect_*.json")]
     return sorted(found, key=lambda d: d["rank"])
 
 
@@ -157,7 +158,7 @@ def need_mpi4py() -> None:
 def test_srun_sets_what_detect_launch_reads(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     proc = run(["srun", "-N1", "-n2", PYTHON, "-c", DETECT], slurm_cluster.env(), tmp_path, timeout=60)
     assert proc.returncode == 0, output(proc)
-    ranks = detected(proc.stdout)
+    ranks = detected(tmp_path)
     assert [(r["launcher"], r["rank"], r["world"], r["local_rank"], r["local_world"]) for r in ranks] == [
         ("slurm", 0, 2, 0, 2),
         ("slurm", 1, 2, 1, 2),
@@ -293,7 +294,7 @@ def test_mpirun_sets_what_detect_launch_reads(tmp_path: Path) -> None:
     need("mpirun")
     proc = run(mpirun(PYTHON, "-c", DETECT), cli_env(**OMPI_ROOT), tmp_path, timeout=60)
     assert proc.returncode == 0, output(proc)
-    ranks = detected(proc.stdout)
+    ranks = detected(tmp_path)
     assert [(r["launcher"], r["rank"], r["world"], r["local_rank"], r["local_world"]) for r in ranks] == [
         ("mpi", 0, 2, 0, 2),
         ("mpi", 1, 2, 1, 2),
@@ -304,16 +305,19 @@ def test_mpirun_stages_over_mpi(tmp_path: Path) -> None:
     """Under mpirun with mpi4py, `mlhpc run` joins the gloo group and stages through MpiComm."""
     need("mpirun")
     need_mpi4py()
+    # One report file per rank: two ranks' stdout lines can interleave mid-line under mpirun.
     probe = (
+        "from pathlib import Path; "
         "from mlhpc.common.distributed import init_distributed, shutdown_distributed; "
         "from mlhpc.runner import staging_comm; ctx = init_distributed('auto', 'cpu'); "
-        "comm = staging_comm(ctx); print(ctx.rank, ctx.launcher, ctx.backend, type(comm).__name__, "
-        "comm.topology.num_nodes); shutdown_distributed()"
+        "comm = staging_comm(ctx); Path(f'rank{ctx.rank}.txt').write_text(' '.join(map(str, "
+        "(ctx.rank, ctx.launcher, ctx.backend, type(comm).__name__, comm.topology.num_nodes)))); "
+        "shutdown_distributed()"
     )
     env = cli_env(**OMPI_ROOT, MASTER_PORT=str(free_port()))
     proc = run(mpirun("-x", "MASTER_PORT", PYTHON, "-c", probe), env, tmp_path, timeout=120)
     assert proc.returncode == 0, output(proc)
-    lines = sorted(line for line in proc.stdout.splitlines() if line[:1].isdigit())
+    lines = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
     assert lines == ["0 mpi gloo MpiComm 1", "1 mpi gloo MpiComm 1"]
 
 
@@ -346,7 +350,7 @@ def test_torchrun_sets_what_detect_launch_reads(tmp_path: Path) -> None:
     command = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
     proc = run(command, cli_env(), tmp_path, timeout=120)
     assert proc.returncode == 0, output(proc)
-    ranks = detected(proc.stdout)
+    ranks = detected(tmp_path)
     assert [(r["launcher"], r["rank"], r["world"], r["local_rank"], r["local_world"]) for r in ranks] == [
         ("torchrun", 0, 2, 0, 2),
         ("torchrun", 1, 2, 1, 2),
