@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 from mlhpc.common.errors import ConfigError
 
@@ -18,3 +19,13 @@ def import_dali() -> ModuleType:
             "data.loader=dali needs nvidia-dali: pip install 'mlhpc[gpu]', or use data.loader=torch"
         ) from e
     return dali
+
+
+def device_id(ctx: Any) -> int | None:
+    """The pipeline's device: this rank's GPU, or None for a CPU-only pipeline (DALI refuses a GPU
+    one where CUDA is missing)."""
+    if ctx.device.type != "cuda":
+        return None
+    import torch
+
+    return ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -52,6 +53,29 @@ def dataset_files(root: Path) -> dict[str, bytes]:
         for p in root.rglob("*")
         if p.is_file() and not p.name.startswith(".") and p.name != "mlhpc_manifest.json"
     }
+
+
+def official_compliance(
+    log: Path, ruleset: str = "3.0.0", rules: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The official checker as its README runs it (HPC usage); `rules` is our own rule file for a
+    benchmark mlperf_logging has none for (the engine needs it as an absolute path)."""
+    scratch = Path(tempfile.mkdtemp(prefix="compliance-"))  # its log goes here, not beside the result
+    command = [
+        sys.executable,
+        "-m",
+        "mlperf_logging.compliance_checker",
+        "--usage",
+        "hpc",
+        "--ruleset",
+        ruleset,
+    ]
+    command += ["--log_output", str(scratch / "compliance.log")]
+    if rules is not None:
+        command += ["--config", str(Path(rules).resolve())]
+    return subprocess.run(
+        [*command, str(log)], capture_output=True, text=True, timeout=120, env=cli_env(), cwd=scratch
+    )
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import official_compliance
+
 pytestmark = pytest.mark.slow
 
 RESULT = "mlhpc/results/ci_cpu_n1/strong/deepcam/result_0.txt"
@@ -18,17 +20,6 @@ RESULT = "mlhpc/results/ci_cpu_n1/strong/deepcam/result_0.txt"
 def mllog_events(path: Path) -> list[dict]:
     lines = path.read_text().splitlines()
     return [json.loads(line.split(":::MLLOG", 1)[1]) for line in lines if line.startswith(":::MLLOG")]
-
-
-def official_compliance(path: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "hpc"]
-    command += ["--ruleset", "3.0.0", "--log_output", str(path.with_suffix(".compliance.log")), str(path)]
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 
 from mlhpc.staging import build_manifest
 from mlhpc.staging.manifest import MANIFEST_NAME
+from tests.conftest import official_compliance
 
 pytestmark = pytest.mark.slow
 
@@ -21,26 +22,6 @@ RESULT = "mlhpc/results/ci_cpu_n1/strong/cosmoflow/result_0.txt"
 def mllog_events(path: Path) -> list[dict]:
     lines = path.read_text().splitlines()
     return [json.loads(line.split(":::MLLOG", 1)[1]) for line in lines if line.startswith(":::MLLOG")]
-
-
-def official_compliance(path: Path, ruleset: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlperf_logging.compliance_checker",
-            "--usage",
-            "hpc",
-            "--ruleset",
-            ruleset,
-            "--log_output",
-            str(path.parent.parent / f"compliance_{ruleset}.log"),
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from mlhpc.benchmarks.extreme_weather import RULES_FILE
 from mlhpc.benchmarks.extreme_weather.train import valid_flops
 
-from .conftest import cli_env
+from .conftest import cli_env, official_compliance
 
 pytestmark = pytest.mark.slow
 
@@ -48,23 +48,7 @@ def test_mini_run_reaches_target_and_passes_the_rules(tmp_path: Path) -> None:
     assert values["valid_flops"] == pytest.approx(
         valid_flops(values["achieved_flops_per_s"], maps[-1], 0.35, 5.0)
     )
-    command = [
-        sys.executable,
-        "-m",
-        "mlperf_logging.compliance_checker",
-        "--usage",
-        "hpc",
-        "--ruleset",
-        "3.0.0",
-    ]
-    command += ["--config", str(RULES_FILE.resolve()), "--log_output", str(tmp_path / "cc.log"), str(log)]
-    official = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    official = official_compliance(log, rules=RULES_FILE)
     assert official.returncode == 0, official.stdout + official.stderr
     # `mlhpc run` ends with `mlhpc check`: it reports the HPC AI500 figures (one run: too few for a score).
     assert "ci_cpu_n1/strong/extreme_weather: achieved" in proc.stdout and "Valid FLOPS" in proc.stdout

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,7 @@ import yaml
 from mlhpc.benchmarks.extreme_weather import RULES_FILE
 from mlhpc.submission_checker.compliance import analyse_log, own_rules
 
-from .conftest import cli_env
+from .conftest import official_compliance
 
 # Keys whose rules this file changes on purpose (see its header): the two dispatches to other
 # rule files and closed_common's optional gradient_accumulation_frequency, made required.
@@ -88,30 +86,15 @@ def _write_log(path: Path, events: list[tuple[str, str, Any, dict[str, Any]]]) -
     return path
 
 
-def _official(log: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """The command the README gives: the engine run as a module, our rules by absolute path."""
-    command = [
-        sys.executable,
-        "-m",
-        "mlperf_logging.compliance_checker",
-        "--usage",
-        "hpc",
-        "--ruleset",
-        "3.0.0",
-    ]
-    command += ["--config", str(RULES_FILE.resolve()), "--log_output", str(tmp_path / "cc.log"), str(log)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=cli_env(), cwd=tmp_path)
-
-
 def test_official_checker_accepts_a_good_log_and_rejects_bad_ones(tmp_path: Path) -> None:
     good = _write_log(tmp_path / "good.txt", _good_events())
     no_eval = _write_log(tmp_path / "no_eval.txt", [e for e in _good_events() if e[1] != "eval_accuracy"])
     below = _write_log(tmp_path / "below.txt", _good_events(accuracy=(0.21, 0.349)))
-    passed = _official(good, tmp_path)
+    passed = official_compliance(good, rules=RULES_FILE)
     assert passed.returncode == 0, passed.stdout + passed.stderr
-    missing = _official(no_eval, tmp_path)
+    missing = official_compliance(no_eval, rules=RULES_FILE)
     assert missing.returncode == 1 and "Required AT_LEAST_ONE occurrence of 'eval_accuracy'" in missing.stderr
-    low = _official(below, tmp_path)
+    low = official_compliance(below, rules=RULES_FILE)
     assert low.returncode == 1 and "Failed checks for eval_accuracy" in low.stderr
 
 

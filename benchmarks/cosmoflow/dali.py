@@ -14,7 +14,7 @@ import torch
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.data import read_file_lists
-from mlhpc.common.dali import import_dali
+from mlhpc.common.dali import device_id, import_dali
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.registry import DataBundle
@@ -99,9 +99,7 @@ def _iterator(
 ) -> Any:
     fn, types = dali.fn, dali.types
     on_gpu = ctx.device.type == "cuda"
-    device_id = None  # a CPU-only pipeline; DALI refuses a GPU one where CUDA is missing
-    if on_gpu:
-        device_id = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+    pipeline_device = device_id(ctx)
     dali_seed = seed % 2**31  # DALI seeds are C ints; the harness's may be any Python int
     # Data and label readers get the same list, shard and seed, so they visit samples in the same order.
     reader_args: dict[str, Any] = {
@@ -121,7 +119,7 @@ def _iterator(
         reader_args["stick_to_shard"] = True  # each rank re-reads the same files: page cache stays warm
 
     @dali.pipeline_def(
-        batch_size=batch, num_threads=max(1, cfg.data.num_workers), device_id=device_id, seed=dali_seed
+        batch_size=batch, num_threads=max(1, cfg.data.num_workers), device_id=pipeline_device, seed=dali_seed
     )
     def pipeline() -> tuple[Any, Any]:
         cube = fn.readers.numpy(

@@ -16,7 +16,7 @@ from torch.utils.data import DistributedSampler
 
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.data import DeepCamFiles, read_stats
-from mlhpc.common.dali import import_dali
+from mlhpc.common.dali import device_id, import_dali
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.registry import DataBundle
@@ -109,15 +109,13 @@ def _iterator(
 ) -> Any:
     fn, types = dali.fn, dali.types
     on_gpu = ctx.device.type == "cuda"
-    device_id = None  # a CPU-only pipeline; DALI refuses a GPU one where CUDA is missing
-    if on_gpu:
-        device_id = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+    pipeline_device = device_id(ctx)
     shift, scale = (s.reshape(1, 1, -1) for s in stats)  # (1, 1, C): fields arrive (H, W, C)
 
     @dali.pipeline_def(
         batch_size=batch,
         num_threads=max(1, cfg.data.num_workers),
-        device_id=device_id,
+        device_id=pipeline_device,
         seed=seed % 2**31,
         py_num_workers=max(1, cfg.data.num_workers),
         # A forked worker cannot use the CUDA the loop has already set up: spawn on a GPU run.
