@@ -120,14 +120,27 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     submission = SubmissionInfo(
         org=opts.submitter, division=opts.division, status=opts.status, platform=system
     )
-    runner = _SeedRunner(bench, cfg, opts, data_dir, org_dir, system, scaling, submission)
+    # One staging communicator for the whole campaign: building one creates process groups.
+    runner = _SeedRunner(
+        bench,
+        cfg,
+        opts,
+        data_dir,
+        org_dir,
+        system,
+        scaling,
+        submission,
+        ctx=group,
+        comm=staging_comm(group),
+        local_root=resolve_local_dir(opts.local_dir),
+    )
     if weak:
         instance = group.instance or 0
-        campaign.results.append(runner.run(group, instance, plan.seeds[instance]))
+        campaign.results.append(runner.run(instance, plan.seeds[instance]))
         ctx.barrier()  # the job ends when its last instance does
     else:
         for index in plan.to_run:
-            campaign.results.append(runner.run(ctx, index, plan.seeds[index]))
+            campaign.results.append(runner.run(index, plan.seeds[index]))
     failed = [(seed, result, path) for seed, result, path in campaign.results if result.status != "success"]
     if failed:
         seed, result, path = failed[0]
@@ -151,12 +164,17 @@ class _SeedRunner:
     system: str
     scaling: Scaling
     submission: SubmissionInfo
+    ctx: DistContext
+    """The ranks that train one model: the whole job, or one instance's group."""
+    comm: Communicator
+    local_root: Path
 
-    def run(self, ctx: DistContext, index: int, seed: int) -> tuple[int, RunResult, Path | None]:
+    def run(self, index: int, seed: int) -> tuple[int, RunResult, Path | None]:
+        ctx, comm = self.ctx, self.comm
         path = result_file(self.org_dir, self.system, self.scaling, self.bench.name, index)
-        local_root = resolve_local_dir(self.opts.local_dir)
-        stage_dir = local_root / f"mlhpc-stage-{self.bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
-        comm = staging_comm(ctx)
+        stage_dir = (
+            self.local_root / f"mlhpc-stage-{self.bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
+        )
         metadata = {"instance": ctx.instance} if ctx.instance is not None else None
         log = MLLog(path, enabled=ctx.is_main, metadata=metadata)
         try:
