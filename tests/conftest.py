@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,19 +91,31 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def mlhpc_cli(
+    args: Sequence[str], root: Path, timeout: float = 600, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m mlhpc ARGS` in `root` in a subprocess (its own MLLOG state), staging under root/local."""
+    return subprocess.run(
+        [sys.executable, "-m", "mlhpc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(MLHPC_LOCAL_DIR=str(root / "local"), **env),
+        cwd=root,
+    )
+
+
 @pytest.fixture
 def run_mlhpc(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run `python -m mlhpc ARGS` in a subprocess (its own MLLOG state), staging under tmp_path."""
+    """`mlhpc_cli` in this test's tmp_path."""
 
     def run(args: Sequence[str], timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
-        environment = cli_env(MLHPC_LOCAL_DIR=str(tmp_path / "local"), **env)
-        return subprocess.run(
-            [sys.executable, "-m", "mlhpc", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=environment,
-            cwd=tmp_path,
-        )
+        return mlhpc_cli(args, tmp_path, timeout, **env)
 
     return run
+
+
+def mllog_events(path: Path) -> list[dict]:
+    """The decoded `:::MLLOG` records of a log (or of captured output with other lines around them)."""
+    lines = path.read_text().splitlines()
+    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in lines if ":::MLLOG" in line]

@@ -18,7 +18,7 @@ from mlhpc.resume import finished_runs
 from mlhpc.submission_checker.check import check_submission
 from mlhpc.submission_checker.compliance import analyse_logs
 from mlhpc.submission_checker.scoring import RunTiming, weak_score
-from tests.conftest import cli_env
+from tests.conftest import cli_env, mllog_events
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +116,7 @@ def test_weak_scaling_instances_train_at_once_and_score(tmp_path: Path) -> None:
     assert "weak scaling needs at least 10" in stdout
 
     for index, path in enumerate(logs):
-        events = [json.loads(line.split(":::MLLOG", 1)[1]) for line in path.read_text().splitlines()]
+        events = mllog_events(path)
         assert {e["metadata"].get("instance") for e in events} == {index}
         assert [e["value"] for e in events if e["key"] == "seed"] == [5 + index]
         assert [e["value"] for e in events if e["key"] == "number_of_nodes"] == [1]
@@ -157,10 +157,7 @@ def test_breakdown_sums_to_the_run_time_and_reports(tmp_path: Path) -> None:
     for phase in ("staging", "data_wait", "forward", "backward", "optimizer", "evaluation"):
         assert data["seconds"][phase] > 0, phase
     # The breakdown's time-to-train is the log's run_start..run_stop.
-    events = [
-        json.loads(line.split(":::MLLOG", 1)[1])
-        for line in (out / STRONG / "result_0.txt").read_text().splitlines()
-    ]
+    events = mllog_events(out / STRONG / "result_0.txt")
     times = {e["key"]: e["time_ms"] for e in events if e["key"] in ("run_start", "run_stop")}
     assert data["time_to_train_s"] == pytest.approx((times["run_stop"] - times["run_start"]) / 1000, abs=0.05)
     # FLOPs: the mini CosmoFlow forward+backward is tens of MFLOP per sample, at a positive rate.

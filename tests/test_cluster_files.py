@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.conftest import cli_env, mllog_events
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_AND_TIME = REPO / "run_and_time.sh"
@@ -68,11 +68,6 @@ def dry_run(**extra: str) -> list[str]:
     proc = run_script(RUN_AND_TIME, shell_env(DRY_RUN="1", **extra))
     assert proc.returncode == 0, proc.stderr
     return shlex.split(proc.stdout)
-
-
-def mllog_events(path: Path) -> list[dict]:
-    lines = path.read_text().splitlines()
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in lines if line.startswith(":::MLLOG")]
 
 
 def run_stop(path: Path) -> dict:

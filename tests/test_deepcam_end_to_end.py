@@ -3,42 +3,26 @@ MLLOG -> the official compliance checker -> `mlhpc check`."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import official_compliance
+from tests.conftest import mlhpc_cli, mllog_events, official_compliance
 
 pytestmark = pytest.mark.slow
 
 RESULT = "mlhpc/results/ci_cpu_n1/strong/deepcam/result_0.txt"
 
 
-def mllog_events(path: Path) -> list[dict]:
-    lines = path.read_text().splitlines()
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in lines if line.startswith(":::MLLOG")]
-
-
 @pytest.fixture(scope="module")
 def mini_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    from tests.conftest import cli_env
-
     root = tmp_path_factory.mktemp("deepcam_mini_run")
     # No --division: mini runs go in the open division by default, since the closed rules fix
     # train_samples=121266 and eval_samples=15158, the real dataset's sizes (see the closed test below).
     args = ["run", "deepcam", "--config", "mini", "--seeds", "1", "--first-seed", "1"]
     args += ["--out", str(root / "out"), "--system", "ci_cpu_n1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=root,
-        env=cli_env(MLHPC_LOCAL_DIR=str(root / "local")),
-    )
+    proc = mlhpc_cli(args, root, timeout=1200)
     return proc, root / "out"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,22 +11,15 @@ import pytest
 
 from mlhpc.staging import build_manifest
 from mlhpc.staging.manifest import MANIFEST_NAME
-from tests.conftest import official_compliance
+from tests.conftest import mlhpc_cli, mllog_events, official_compliance
 
 pytestmark = pytest.mark.slow
 
 RESULT = "mlhpc/results/ci_cpu_n1/strong/cosmoflow/result_0.txt"
 
 
-def mllog_events(path: Path) -> list[dict]:
-    lines = path.read_text().splitlines()
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in lines if line.startswith(":::MLLOG")]
-
-
 @pytest.fixture(scope="module")
 def mini_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    from tests.conftest import cli_env
-
     root = tmp_path_factory.mktemp("mini_run")
     args = [
         "run",
@@ -43,14 +35,7 @@ def mini_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
         "--system",
         "ci_cpu_n1",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=root,
-        env=cli_env(MLHPC_LOCAL_DIR=str(root / "local")),
-    )
+    proc = mlhpc_cli(args, root, timeout=900)
     return proc, root / "out"
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +9,7 @@ import pytest
 from mlhpc.benchmarks.extreme_weather import RULES_FILE
 from mlhpc.benchmarks.extreme_weather.train import valid_flops
 
-from .conftest import cli_env, official_compliance
+from .conftest import mlhpc_cli, mllog_events, official_compliance
 
 pytestmark = pytest.mark.slow
 
@@ -22,21 +19,10 @@ RESULT = "mlhpc/results/ci_cpu_n1/strong/extreme_weather/result_0.txt"
 def test_mini_run_reaches_target_and_passes_the_rules(tmp_path: Path) -> None:
     args = ["run", "extreme_weather", "--config", "mini", "--seeds", "1", "--first-seed", "1"]
     args += ["--out", str(tmp_path / "out"), "--system", "ci_cpu_n1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-        env=cli_env(MLHPC_LOCAL_DIR=str(tmp_path / "local")),
-    )
+    proc = mlhpc_cli(args, tmp_path, timeout=900)
     log = tmp_path / "out" / RESULT
     assert log.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    events = [
-        json.loads(line.split(":::MLLOG", 1)[1])
-        for line in log.read_text().splitlines()
-        if ":::MLLOG" in line
-    ]
+    events = mllog_events(log)
     values = {e["key"]: e["value"] for e in events}
     maps = [e["value"] for e in events if e["key"] == "eval_accuracy"]
     assert maps and maps[-1] >= 0.35, maps

@@ -19,7 +19,7 @@ from mlhpc.common.config import load_config
 
 # slurm_cluster_fixture provides the `slurm_cluster` fixture.
 from tests.cluster_fixtures import SlurmCluster, free_port, slurm_cluster_fixture  # noqa: F401
-from tests.conftest import cli_env, dataset_files
+from tests.conftest import cli_env, dataset_files, mllog_events
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]
@@ -57,14 +57,6 @@ def detected(folder: Path) -> list[dict]:
     """The detect_launch() of every rank that ran DETECT in `folder`, in rank order."""
     found = [json.loads(path.read_text()) for path in folder.glob("detect_*.json")]
     return sorted(found, key=lambda d: d["rank"])
-
-
-def mllog_events(path: Path) -> list[dict]:
-    return [
-        json.loads(line.split(":::MLLOG", 1)[1])
-        for line in path.read_text().splitlines()
-        if ":::MLLOG" in line
-    ]
 
 
 def result_logs(out: Path) -> list[Path]:

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
+from mlhpc.common.datasets import existing_data_dir
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.loaders import torch_data_bundle
@@ -116,12 +117,7 @@ def read_file_lists(split_dir: Path) -> list[tuple[Path, Path]]:
 
 def validate_dataset(cfg: CosmoFlowConfig, data_dir: Path) -> None:
     """Check every listed file's header and size before any time is spent training."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataError(
-            f"data directory {data_dir} does not exist; drop --data to generate synthetic data "
-            "or run `mlhpc generate cosmoflow --out DIR`"
-        )
+    data_dir = existing_data_dir(data_dir, "cosmoflow")
     shape = (cfg.data.sample_size,) * 3 + (cfg.data.num_channels,)
     checks = []
     for split in SPLITS:

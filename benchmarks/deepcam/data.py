@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.model import NUM_CLASSES
 from mlhpc.benchmarks.deepcam.synthetic import write_dataset
+from mlhpc.common.datasets import existing_data_dir
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.loaders import torch_data_bundle
@@ -144,12 +145,7 @@ def check_class_ids(path: Path, label: np.ndarray) -> None:
 
 def validate_dataset(cfg: DeepCamConfig, data_dir: Path) -> None:
     """Check the stats file and every sample (datasets, shapes, class ids) before any training."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataError(
-            f"data directory {data_dir} does not exist; drop --data to generate synthetic data "
-            "or run `mlhpc generate deepcam --out DIR`"
-        )
+    data_dir = existing_data_dir(data_dir, "deepcam")
     shape = (cfg.data.height, cfg.data.width, cfg.data.num_channels)
     read_stats(data_dir, cfg.data.num_channels)
     pairs = [pair for split in SPLITS for pair in sample_files(data_dir / split, cfg.data.format)]

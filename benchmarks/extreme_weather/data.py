@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from mlhpc.benchmarks.extreme_weather import synthetic
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
 from mlhpc.benchmarks.extreme_weather.model import NUM_CLASSES
+from mlhpc.common.datasets import existing_data_dir
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.registry import DataBundle
@@ -229,12 +230,7 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
 
 def validate_dataset(cfg: ExtremeWeatherConfig, data_dir: Path) -> None:
     """Check every file's datasets, shapes and box rows before any time is spent training."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataError(
-            f"data directory {data_dir} does not exist; drop --data to generate synthetic data "
-            "or run `mlhpc generate extreme_weather --out DIR`"
-        )
+    data_dir = existing_data_dir(data_dir, "extreme_weather")
     for split in SPLITS:
         for path in split_files(data_dir, split):
             count, boxes = check_file(path, cfg)
