@@ -1,59 +1,100 @@
 """Staging throughput: the issue's targets as ratios, from one run, medians of a few repeats.
 
 1. One rank, large files (>= 64 MiB each): `mlhpc stage` / `cp -r` >= 1.0, and
-   `mlhpc stage` / raw sequential disk read >= 0.8.
+   `mlhpc stage` / raw sequential read of the source disk >= 0.8. Measured twice:
+   a. into a directory on the source's own disk. A copy then reads and writes one disk, and
+      reads and writes share its bandwidth: the limit is the measured `copy limit` (raw read
+      and raw write at once). Where that limit is below 0.8 x raw read, as on this machine's
+      one virtual disk, no copy can meet the target here: shown, not judged.
+   b. into `--local-dir` on another device, the cluster's case (shared file system -> node-local
+      NVMe): the source read is the limit, and the target is judged here. Default /dev/shm
+      (memory, standing in for a node-local disk) when it is a different device with room.
 2. Many small files (20,000 x 64 KiB): `mlhpc stage` / `cp -r` >= 2.0.
 3. `replicate` on k ranks (each its own node) reads each source byte once: read / size = 1.00.
 
-Every copy starts from a cold page cache when run as root and ends with `sync`; cp and
-`mlhpc stage` take turns within each repeat, so both see the same state of a noisy disk.
+Every copy starts from a cold page cache when run as root and ends with `sync`; the methods
+take turns within each repeat, so all see the same state of a noisy disk, and each ratio is the
+median of the repeats' own ratios (MB/s figures are medians). The raw read reads the
+dataset's own files, the raw write one file, both O_DIRECT in 16 MiB blocks with 4 requests in
+flight (`bench_tools.RAW_STREAMS`).
 
-    python perf/staging_throughput.py [--repeats 3] [--small-files 20000] [--large-files 8] [--large-mib 128]
+    python perf/staging_throughput.py [--repeats 5] [--small-files 20000] [--large-files 8]
+        [--large-mib 128] [--dir SCRATCH] [--local-dir DIR | --no-local-dir]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
 
 from mlhpc.staging import bench_tools as tools
-from mlhpc.staging import stage_dataset
 
-
-def measure(src: Path, size: int, work: Path, repeats: int, cold: bool, raw: bool) -> dict[str, float]:
-    """Median MB/s of cp -r, mlhpc stage (and the raw disk read) over `repeats` rounds."""
-    dest = work / "dest"
-    runs: dict[str, list[float]] = {"cp": [], "mlhpc": [], "raw-read": [], "raw-write": []}
-    if raw:  # written first, read last: right after a large write the disk is still flushing it
-        runs["raw-write"].append(size / tools.raw_write_seconds(work / "raw.bin", size) / 1e6)
-    for _ in range(repeats):
-        runs["cp"].append(size / tools.cp_seconds(src, dest, cold) / 1e6)
-        runs["mlhpc"].append(size / tools.timed(lambda: stage_dataset(src, dest), cold) / 1e6)
-        shutil.rmtree(dest)
-        if raw:
-            runs["raw-read"].append(size / tools.raw_read_seconds(work / "raw.bin", cold) / 1e6)
-    (work / "raw.bin").unlink(missing_ok=True)
-    return {name: statistics.median(values) for name, values in runs.items() if values}
+LARGE_METHODS = ("raw-write", "cp", "mlhpc", "raw-read", "copy-limit")
 
 
 def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+class Rounds:
+    """One measurement's seconds by method and round: MB/s medians, and ratios round by round."""
+
+    def __init__(self, size: int, seconds: dict[str, list[float]]) -> None:
+        self.size = size
+        self.seconds = seconds
+
+    def mb_s(self, method: str) -> float:
+        return self.size / statistics.median(self.seconds[method]) / 1e6
+
+    def ratio(self, method: str, baseline: str) -> float:
+        """How much faster `method` was than `baseline`: the median over rounds."""
+        pairs = zip(self.seconds[baseline], self.seconds[method], strict=True)
+        return statistics.median(base / mine for base, mine in pairs)
+
+
+def other_device(work: Path, candidate: Path, size: int) -> Path | None:
+    """`candidate` if it is on another device than `work` with room for two copies of `size`."""
+    if not candidate.is_dir():
+        return None
+    stats = os.statvfs(candidate)
+    room = stats.f_bavail * stats.f_frsize
+    return candidate if os.stat(candidate).st_dev != os.stat(work).st_dev and room > 2.5 * size else None
+
+
+def report_large(label: str, rounds: Rounds, judge_read: bool) -> None:
+    cp_ratio = rounds.ratio("mlhpc", "cp")
+    read_ratio = rounds.ratio("mlhpc", "raw-read")
+    read_note = f"target >= 0.8: {verdict(read_ratio >= 0.8)}" if judge_read else "not judged: one disk"
+    rates = ", ".join(
+        f"{name} {rounds.mb_s(name):.0f}" for name in ("cp", "mlhpc", "raw-read", "raw-write", "copy-limit")
+    )
+    print(
+        f"   {label}: MB/s {rates}\n"
+        f"      ratio to cp {cp_ratio:.2f} (target >= 1.0: {verdict(cp_ratio >= 1.0)}); "
+        f"ratio to raw read {read_ratio:.2f} ({read_note}); "
+        f"ratio to the copy limit {rounds.ratio('mlhpc', 'copy-limit'):.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--small-files", type=int, default=20000)
     parser.add_argument("--small-kib", type=int, default=64)
     parser.add_argument("--large-files", type=int, default=8)
     parser.add_argument("--large-mib", type=int, default=128)
     parser.add_argument("--ranks", type=int, default=2, help="ranks for the read-once check")
-    parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk to measure")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the source disk")
+    parser.add_argument(
+        "--local-dir", type=Path, default=Path("/dev/shm"), help="a directory on another device (1b)"
+    )
+    parser.add_argument("--no-local-dir", action="store_true", help="skip 1b")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         work = Path(scratch)
@@ -62,27 +103,30 @@ def main() -> None:
 
         large_size = args.large_files * (args.large_mib << 20)
         tools.make_dataset(work / "large", large_size, args.large_mib << 20)
-        large = measure(work / "large", large_size, work, args.repeats, cold, raw=True)
+        print(f"1. large files, one rank, {args.large_files} x {args.large_mib} MiB")
+        same = tools.seconds_by_round(work / "large", large_size, work, args.repeats, cold, LARGE_METHODS)
+        report_large(f"a. same disk ({work})", Rounds(large_size, same), judge_read=False)
+        local = None if args.no_local_dir else other_device(work, args.local_dir, large_size)
+        if local is None:
+            print("   b. skipped: no --local-dir on another device with room")
+        else:
+            with tempfile.TemporaryDirectory(dir=local) as target:
+                apart = tools.seconds_by_round(
+                    work / "large", large_size, Path(target), args.repeats, cold, LARGE_METHODS
+                )
+            report_large(f"b. to another device ({local})", Rounds(large_size, apart), judge_read=True)
         shutil.rmtree(work / "large")
-        cp_ratio, raw_ratio = large["mlhpc"] / large["cp"], large["mlhpc"] / large["raw-read"]
-        # A copy reads and writes every byte: at best as fast as the slower of the two.
-        disk_limit = min(large["raw-read"], large["raw-write"])
-        print(
-            f"1. large  {args.large_files} x {args.large_mib} MiB: cp {large['cp']:.0f} MB/s, "
-            f"raw read {large['raw-read']:.0f} MB/s, raw write {large['raw-write']:.0f} MB/s, "
-            f"mlhpc stage {large['mlhpc']:.0f} MB/s\n"
-            f"   ratio to cp {cp_ratio:.2f} (target >= 1.0: {verdict(cp_ratio >= 1.0)}); "
-            f"ratio to raw read {raw_ratio:.2f} (target >= 0.8: {verdict(raw_ratio >= 0.8)}); "
-            f"ratio to the disk limit, min(read, write), {large['mlhpc'] / disk_limit:.2f}"
-        )
 
         small_size = args.small_files * (args.small_kib << 10)
         tools.make_dataset(work / "small", small_size, args.small_kib << 10)
-        small = measure(work / "small", small_size, work, args.repeats, cold, raw=False)
-        ratio = small["mlhpc"] / small["cp"]
+        small = Rounds(
+            small_size,
+            tools.seconds_by_round(work / "small", small_size, work, args.repeats, cold, ("cp", "mlhpc")),
+        )
+        ratio = small.ratio("mlhpc", "cp")
         print(
-            f"2. small  {args.small_files} x {args.small_kib} KiB: cp {small['cp']:.0f} MB/s, "
-            f"mlhpc stage {small['mlhpc']:.0f} MB/s\n"
+            f"2. small  {args.small_files} x {args.small_kib} KiB: cp {small.mb_s('cp'):.0f} MB/s, "
+            f"mlhpc stage {small.mb_s('mlhpc'):.0f} MB/s\n"
             f"   ratio to cp {ratio:.2f} (target >= 2.0: {verdict(ratio >= 2.0)})"
         )
 

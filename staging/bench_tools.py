@@ -6,20 +6,24 @@ disk (`sync`), for the baselines and for `mlhpc stage` alike.
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging.comm import CallbackComm, Communicator, make_comm
 from mlhpc.staging.manifest import MANIFEST_NAME, build_manifest
+from mlhpc.staging.sink import ALIGN, BufferPool, align_up
 from mlhpc.staging.stage import stage_dataset
 
 _BLOCK = 16 << 20
@@ -94,44 +98,188 @@ def tar_seconds(src: Path, dest: Path, cold: bool = True) -> float:
     return seconds
 
 
-def raw_write_seconds(path: Path, total_bytes: int) -> float:
-    """Sequential O_DIRECT writes of 16 MiB and an fsync (through the page cache where O_DIRECT
-    is refused)."""
-    buffer = mmap.mmap(-1, _BLOCK)
-    buffer.write(os.urandom(_BLOCK))
-    path.unlink(missing_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+RAW_STREAMS = 4
+"""Requests in flight in the raw baselines. A single synchronous stream leaves a virtual or
+parallel disk idle between requests and would understate the limit that a copy with parallel
+workers is held to."""
+
+_read_buffers = BufferPool()
+
+
+@functools.cache
+def _random_block() -> memoryview:
+    """16 MiB of random bytes, page-aligned, made once and only read (by concurrent raw writes):
+    a disk that compresses or skips zeros must not look faster than it is."""
+    block = mmap.mmap(-1, _BLOCK)
+    block.write(os.urandom(_BLOCK))
+    return memoryview(block)
+
+
+def _parts(total_bytes: int, streams: int) -> list[tuple[int, int]]:
+    """(offset, length) of `streams` contiguous parts, whole 16 MiB blocks each (the last may be short)."""
+    blocks = max(1, -(-total_bytes // _BLOCK))
+    per = -(-blocks // max(1, streams))
+    return [
+        (start * _BLOCK, min(total_bytes, (start + per) * _BLOCK) - start * _BLOCK)
+        for start in range(0, blocks, per)
+    ]
+
+
+def _open_direct(path: Path, flags: int) -> int:
+    """O_DIRECT where the file system allows it (not tmpfs on older kernels), else buffered."""
     try:
-        fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+        return os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
     except OSError:
-        fd = os.open(path, flags, 0o644)
+        return os.open(path, flags, 0o644)
+
+
+def source_files(src: Path) -> list[Path]:
+    """The files a staging of `src` reads: the archive itself, or every file below the directory."""
+    return [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+
+
+def _read_pieces(paths: Sequence[Path], streams: int) -> list[tuple[Path, int, int]]:
+    """Whole files, or with fewer files than streams each file cut into parts, so that `streams`
+    requests can be in flight."""
+    per_file = max(1, -(-streams // max(1, len(paths))))
+    return [(path, *part) for path in paths for part in _parts(path.stat().st_size, per_file)]
+
+
+def _read_piece(piece: tuple[Path, int, int]) -> None:
+    path, offset, length = piece
+    buffer = _read_buffers.get(_BLOCK)  # reused: fresh pages would cost a fault each
+    view = memoryview(buffer)
+    fd = _open_direct(path, os.O_RDONLY)
     try:
-        started = time.perf_counter()
-        for offset in range(0, total_bytes - total_bytes % _BLOCK or _BLOCK, _BLOCK):
-            os.pwrite(fd, buffer, offset)
+        for at in range(offset, offset + length, _BLOCK):
+            os.preadv(fd, [view[: align_up(min(_BLOCK, offset + length - at))]], at)  # O_DIRECT: whole pages
+    finally:
+        os.close(fd)
+        view.release()
+        _read_buffers.put(buffer)
+
+
+def _raw_read(paths: Sequence[Path], streams: int) -> None:
+    with ThreadPoolExecutor(max_workers=streams) as pool:
+        list(pool.map(_read_piece, _read_pieces(paths, streams)))
+
+
+def _write_part(fd: int, offset: int, length: int) -> None:
+    view = _random_block()
+    for at in range(offset, offset + length, _BLOCK):
+        os.pwrite(fd, view[: min(_BLOCK, offset + length - at)], at)
+
+
+def _raw_write(path: Path, total_bytes: int, streams: int) -> None:
+    fd = _open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        parts = _parts(total_bytes - total_bytes % ALIGN or ALIGN, streams)
+        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+            list(pool.map(lambda part: _write_part(fd, *part), parts))
         os.fsync(fd)
-        return time.perf_counter() - started
     finally:
         os.close(fd)
 
 
-def raw_read_seconds(path: Path, cold: bool = True) -> float:
-    """Sequential O_DIRECT reads of 16 MiB into one buffer: what the disk gives, without the page
-    cache (whose page allocations cost more than the disk in some VMs)."""
-    buffer = memoryview(mmap.mmap(-1, _BLOCK))
+def raw_write_seconds(path: Path, total_bytes: int, streams: int = RAW_STREAMS) -> float:
+    """O_DIRECT writes of 16 MiB, `streams` contiguous parts of one file at once, then an fsync:
+    the disk's write speed without the page cache."""
+    path.unlink(missing_ok=True)
+    _random_block()
+    started = time.perf_counter()
+    _raw_write(path, total_bytes, streams)
+    return time.perf_counter() - started
 
-    def read() -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-        except OSError:
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            while os.readv(fd, [buffer]):
-                pass
-        finally:
-            os.close(fd)
 
-    return timed(read, cold)
+def raw_read_seconds(src: Path, cold: bool = True, streams: int = RAW_STREAMS) -> float:
+    """O_DIRECT reads of the source's own files (in their own layout on disk), in 16 MiB blocks,
+    `streams` at once: what the disk gives, without software or the page cache (whose page
+    allocations cost more than the disk in some VMs)."""
+    paths = source_files(src)
+    return timed(lambda: _raw_read(paths, streams), cold)
+
+
+def raw_copy_seconds(src: Path, write_path: Path, cold: bool = True, streams: int = RAW_STREAMS) -> float:
+    """The raw read of `src` and a raw write of as many bytes to `write_path`, at the same time.
+
+    Every copy reads and writes each byte, so this is what the disks give a copy: on two devices
+    about the slower of raw read and raw write; when source and destination share a disk, reads
+    and writes share its bandwidth and it is lower than both.
+    """
+    paths = source_files(src)
+    size = sum(path.stat().st_size for path in paths)
+    write_path.unlink(missing_ok=True)
+    _random_block()
+
+    def both() -> None:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            jobs = [
+                pool.submit(_raw_read, paths, streams),
+                pool.submit(_raw_write, write_path, size, streams),
+            ]
+            for job in jobs:
+                job.result()
+
+    try:
+        return timed(both, cold)
+    finally:
+        write_path.unlink(missing_ok=True)
+
+
+BASELINES = ("raw-write", "cp", "tar", "raw-read", "copy-limit")
+
+
+def seconds_by_round(
+    src: Path,
+    size: int,
+    local_dir: Path,
+    repeats: int,
+    cold: bool = True,
+    methods: Sequence[str] = BASELINES,
+) -> dict[str, list[float]]:
+    """Seconds of each method in each of `repeats` rounds; the methods take turns within a round,
+    so that all of them see the same state of a noisy disk (compare them round by round).
+
+    `cp`, `tar` and `mlhpc` (one rank, `stage_dataset`) copy `src` into `local_dir`; `raw-read`
+    reads `src`'s files with no software between them and the disk, `raw-write` writes `size`
+    bytes to `local_dir`'s disk, and `copy-limit` does both at once. Raw writes come first in a
+    round and raw reads after the copies: right after a large write the disk is still flushing it.
+    """
+    unknown = set(methods) - {*BASELINES, "mlhpc"}
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}")
+    local_raw, dest = local_dir / "raw-write.bin", local_dir / "dest"
+    copies: dict[str, Callable[[], float]] = {
+        "cp": lambda: cp_seconds(src, dest, cold),
+        "tar": lambda: tar_seconds(src, dest, cold),
+        "mlhpc": lambda: stage_seconds(src, dest, cold),
+        "raw-read": lambda: raw_read_seconds(src, cold),
+        "copy-limit": lambda: raw_copy_seconds(src, local_raw, cold),
+    }
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    try:
+        for _ in range(repeats):
+            if "raw-write" in methods:
+                times["raw-write"].append(raw_write_seconds(local_raw, size))
+                local_raw.unlink()
+            for name in ("cp", "tar", "mlhpc", "raw-read", "copy-limit"):
+                if name in methods:
+                    times[name].append(copies[name]())
+    finally:
+        local_raw.unlink(missing_ok=True)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def stage_seconds(src: Path, dest: Path, cold: bool = True) -> float:
+    """One rank's `stage_dataset` with its defaults, like `cp_seconds`."""
+    shutil.rmtree(dest, ignore_errors=True)
+    seconds = timed(lambda: stage_dataset(src, dest), cold)
+    shutil.rmtree(dest, ignore_errors=True)
+    return seconds
 
 
 def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

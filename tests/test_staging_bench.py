@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mlhpc.cli import main
+from mlhpc.staging import bench_tools as tools
 
 
 def run_bench(out: Path, *extra: str) -> list[dict[str, str]]:
@@ -32,7 +35,7 @@ def test_study_writes_csv_plot_and_summary(tmp_path: Path) -> None:
     rows = run_bench(tmp_path / "out", "--workers", "1,4", "--ranks", "1")
     methods = {(r["file_kib"], r["method"], r["workers"]) for r in rows}
     for kib in ("64", "1024"):
-        for method in ("cp", "tar", "raw-read", "raw-write", "disk-limit"):
+        for method in ("cp", "tar", "raw-read", "raw-write", "copy-limit"):
             assert (kib, method, "0") in methods
         assert {(kib, "mlhpc", "1"), (kib, "mlhpc", "4")} <= methods
     for row in rows:
@@ -41,8 +44,58 @@ def test_study_writes_csv_plot_and_summary(tmp_path: Path) -> None:
             assert row["source_reads"] == "1.0"
     assert (tmp_path / "out" / "stage_bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (tmp_path / "out" / "stage_bench.md").read_text()
-    assert "| files | method | mode |" in summary and "x disk limit" in summary
+    assert "| files | method | mode |" in summary and "x copy limit" in summary
     assert not (tmp_path / "out" / "scratch").exists()  # generated data is removed
+
+
+def test_copies_go_to_the_local_dir_and_leave_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = tmp_path / "local"
+    destinations: list[Path] = []
+    for name in ("cp_seconds", "tar_seconds", "raw_copy_seconds"):
+        measure = getattr(tools, name)
+
+        def recording(*args: Any, _measure: Any = measure, **kwargs: Any) -> float:
+            destinations.append(Path(args[1]))
+            return _measure(*args, **kwargs)
+
+        monkeypatch.setattr(tools, name, recording)
+    run_plan = tools.run_plan_in_ranks
+
+    def recording_plan(plan: list[dict[str, Any]], *args: Any) -> list[dict[str, Any]]:
+        destinations.extend(Path(row["dest"]) for row in plan)
+        return run_plan(plan, *args)
+
+    monkeypatch.setattr(tools, "run_plan_in_ranks", recording_plan)
+    rows = run_bench(
+        tmp_path / "out", "--workers", "2", "--ranks", "1", "--file-kib", "64", "--local-dir", str(local)
+    )
+    assert {r["method"] for r in rows} == {"cp", "tar", "raw-read", "raw-write", "copy-limit", "mlhpc"}
+    assert len(destinations) == 4 and all(d.parent == local for d in destinations)
+    assert list(local.iterdir()) == []  # copies and raw files removed
+
+
+def test_timings_reject_an_unknown_method(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="rsync"):
+        tools.seconds_by_round(tmp_path, 1, tmp_path, 1, False, ("cp", "rsync"))
+
+
+def test_raw_read_reads_every_source_byte_once_with_requests_in_flight(tmp_path: Path) -> None:
+    big, small = tmp_path / "data" / "big.bin", tmp_path / "data" / "sub" / "small.bin"
+    small.parent.mkdir(parents=True)
+    big.write_bytes(os.urandom((40 << 20) + 5))  # not a whole number of pages: O_DIRECT's hard case
+    small.write_bytes(b"y" * 100)
+    assert tools.source_files(tmp_path / "data") == [big, small]
+    pieces = tools._read_pieces([big], 4)  # one file: cut so that several requests are in flight
+    assert len(pieces) == 3
+    assert [(offset, length) for _, offset, length in pieces] == [
+        (0, 16 << 20),
+        (16 << 20, 16 << 20),
+        (32 << 20, (8 << 20) + 5),
+    ]
+    assert [p[1:] for p in tools._read_pieces([big, small], 2)] == [(0, (40 << 20) + 5), (0, 100)]
+    assert tools.raw_read_seconds(tmp_path / "data", cold=False) > 0
 
 
 def test_unknown_mode_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
