@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -24,7 +25,12 @@ from mlhpc.staging.sink import BUFFER_BYTES, BufferPool, FileSink, SinkOptions, 
 
 JOURNAL_PREFIX = ".mlhpc_journal."
 DIRECT_READ_MIN_BYTES = 4 << 20
+MAX_READ_AHEAD = 4
+"""Block reads in flight per large file, at most. One at a time leaves a disk that wants a deep
+queue idle when there are fewer files than workers (8 x 128 MiB files here: +32 %)."""
 _pool = BufferPool()
+_readers: ThreadPoolExecutor | None = None
+_readers_lock = threading.Lock()
 _journals: dict[str, Journal] = {}
 _journals_lock = threading.Lock()
 
@@ -37,6 +43,14 @@ class CopyJob:
     dest_root: str
     options: SinkOptions
     threads: int
+    read_ahead: int = 1
+    """Block reads in flight per large file (see `read_ahead_depth`)."""
+
+
+def read_ahead_depth(workers: int, files: int) -> int:
+    """Reads in flight per large file: the workers left idle by a short file list go to reading
+    ahead, so reads in flight (and buffers held) stay at about `workers`."""
+    return max(1, min(MAX_READ_AHEAD, workers // max(1, min(files, workers))))
 
 
 def source_error(e: OSError, path: str) -> StagingError:
@@ -68,6 +82,15 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
         sink = FileSink(job.dest_root, entry, job.options, buffer)
         while sink.path != entry.path and (data := os.read(fd, BUFFER_BYTES)):
             sink.write(data)
+        if direct and job.read_ahead > 1:
+            try:
+                _read_ahead(fd, sink, size, job.read_ahead)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                os.close(fd)  # O_DIRECT refused this read: go on through the page cache
+                fd, direct = _open_source(source, False)
+            os.lseek(fd, sink.received, os.SEEK_SET)  # the loop below reads what is left, if anything
         while sink.path == entry.path:
             try:
                 if not sink.read_from(fd):
@@ -89,6 +112,36 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
             sink.abort()
         os.close(fd)
         _pool.put(buffer)
+
+
+def _read_ahead(fd: int, sink: FileSink, size: int, depth: int) -> None:
+    """Copy `size` bytes with `depth` block reads in flight, hashed and written in order."""
+    global _readers
+    with _readers_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mlhpc-read")
+    readers = _readers
+    buffers = [_pool.get(BUFFER_BYTES) for _ in range(depth)]
+    offsets = range(0, size, BUFFER_BYTES)
+    pending: deque[Future[int]] = deque()
+
+    def read(i: int) -> int:
+        return os.preadv(fd, [buffers[i % depth]], offsets[i])
+
+    try:
+        pending.extend(readers.submit(read, i) for i in range(min(depth, len(offsets))))
+        for i, offset in enumerate(offsets):
+            n = pending.popleft().result()
+            sink.write_block(buffers[i % depth], n)
+            if n < min(BUFFER_BYTES, size - offset):
+                return  # the file shrank: the size check in `finish` names it
+            if i + depth < len(offsets):
+                pending.append(readers.submit(read, i + depth))
+    finally:
+        for future in pending:  # a buffer still being read into must not go back to the pool
+            future.exception()
+        for buffer in buffers:
+            _pool.put(buffer)
 
 
 def _open_source(path: str, direct: bool) -> tuple[int, bool]:

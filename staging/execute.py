@@ -12,7 +12,7 @@ from typing import IO
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import Communicator
-from mlhpc.staging.copy import CopyJob, already_staged, journal, run_copies
+from mlhpc.staging.copy import CopyJob, already_staged, journal, read_ahead_depth, run_copies
 from mlhpc.staging.exchange import (
     FileStreamReader,
     FileStreamsConsumer,
@@ -70,7 +70,13 @@ def stage_directory(
         return _exchange_directory(comm, src, dest, files, have, settings) if topo.in_exchange else Work()
     ops = plan_copies(files, have)
     processes = max(1, min(settings.processes or auto_processes(len(ops), topo), settings.workers))
-    job = CopyJob(str(src), str(dest), settings.options, threads=-(-settings.workers // processes))
+    job = CopyJob(
+        str(src),
+        str(dest),
+        settings.options,
+        threads=-(-settings.workers // processes),
+        read_ahead=read_ahead_depth(settings.workers, len(ops)),
+    )
     with StageProgress(
         settings.progress, len(ops), sum(op.entry.size for op in ops), f"staging {src.name}"
     ) as progress:

@@ -146,19 +146,32 @@ class FileSink:
                 self._flush()
         return n
 
+    def write_block(self, buffer: mmap.mmap, n: int) -> None:
+        """Hash and write the first `n` bytes of `buffer`, read there by someone else, straight
+        from it (page-aligned and as large as a block, so O_DIRECT can write it whole)."""
+        assert self._decoder is None and self._fill == 0
+        view = memoryview(buffer)
+        try:
+            self.received += n
+            self._in_hash.update(view[:n])
+            self._pwrite(view, n)
+        finally:
+            view.release()
+
     def _flush(self) -> None:
-        n = self._fill
-        if n == 0:
-            return
+        if self._fill:
+            self._pwrite(self._view, self._fill)
+            self._fill = 0
+
+    def _pwrite(self, view: memoryview, n: int) -> None:
         length = align_up(n) if self._direct else n
         try:
-            written = os.pwrite(self._fd, self._view[:length], self._flushed)
+            written = os.pwrite(self._fd, view[:length], self._flushed)
             if written != length:
                 raise OSError(errno.EIO, f"short write ({written} of {length} bytes)")
         except OSError as e:
             raise write_error(e, self.target) from e
         self._flushed += n
-        self._fill = 0
 
     def finish(self) -> Staged:
         """Flush, check size and checksum against the source entry, rename into place."""

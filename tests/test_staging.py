@@ -15,6 +15,7 @@ import zstandard
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
+from mlhpc.staging.copy import MAX_READ_AHEAD, read_ahead_depth
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.model import Cluster, model_table, staging_time
 from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_copies, rank_files
@@ -278,6 +279,27 @@ def test_large_file_read_with_direct_io_gives_the_same_copy(tmp_path: Path) -> N
     stage_dataset(src, dest, direct_io=True)
     assert (dest / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
     assert verify_staged(dest) == 1
+
+
+@pytest.mark.parametrize("workers", [1, 8])  # one read at a time, and 4 blocks read ahead per file
+def test_large_files_read_ahead_in_blocks_give_the_same_copy(tmp_path: Path, workers: int) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(2):  # three 16 MiB blocks each, the last one short and not a whole page
+        (src / f"big{i}.npy").write_bytes(os.urandom((40 << 20) + 123 + i))
+    dest = tmp_path / "dest"
+    stage_dataset(src, dest, direct_io=True, workers=workers)
+    for i in range(2):
+        assert (dest / f"big{i}.npy").read_bytes() == (src / f"big{i}.npy").read_bytes()
+    assert verify_staged(dest) == 2
+
+
+def test_read_ahead_uses_the_workers_a_short_file_list_leaves_idle() -> None:
+    assert read_ahead_depth(workers=32, files=8) == 4
+    assert read_ahead_depth(workers=32, files=16) == 2
+    assert read_ahead_depth(workers=32, files=1000) == 1
+    assert read_ahead_depth(workers=1, files=1) == 1
+    assert read_ahead_depth(workers=32, files=1) == MAX_READ_AHEAD
 
 
 def test_a_copy_made_by_another_tool_is_verified_and_kept(source: Path, tmp_path: Path) -> None:
