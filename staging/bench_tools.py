@@ -75,27 +75,30 @@ def timed(action: Callable[[], object], cold: bool = True) -> float:
     return time.perf_counter() - started
 
 
+def _copy_seconds(copy: Callable[[], object], dest: Path, cold: bool) -> float:
+    """`timed(copy)` into a `dest` that does not exist before and is removed after."""
+    shutil.rmtree(dest, ignore_errors=True)
+    try:
+        return timed(copy, cold)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
 def cp_seconds(src: Path, dest: Path, cold: bool = True) -> float:
-    shutil.rmtree(dest, ignore_errors=True)
-    seconds = timed(lambda: subprocess.run(["cp", "-r", str(src), str(dest)], check=True), cold)
-    shutil.rmtree(dest, ignore_errors=True)
-    return seconds
+    return _copy_seconds(lambda: subprocess.run(["cp", "-r", str(src), str(dest)], check=True), dest, cold)
 
 
 def tar_seconds(src: Path, dest: Path, cold: bool = True) -> float:
     """`tar -C src -cf - . | tar -C dest -xf -`: the classic streaming copy."""
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
 
     def pipe() -> None:
+        dest.mkdir(parents=True)
         writer = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
         subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=writer.stdout, check=True)
         if writer.wait() != 0:
             raise StagingError(f"tar could not read {src}")
 
-    seconds = timed(pipe, cold)
-    shutil.rmtree(dest, ignore_errors=True)
-    return seconds
+    return _copy_seconds(pipe, dest, cold)
 
 
 RAW_STREAMS = 4
@@ -188,12 +191,15 @@ def _raw_write(directory: Path, total_bytes: int, streams: int) -> None:
 
 def raw_write_seconds(directory: Path, total_bytes: int, streams: int = RAW_STREAMS) -> float:
     """O_DIRECT writes of 16 MiB into `streams` new files in `directory` at once, each fsynced: the
-    disk's write speed without the page cache. The files are left for the caller to remove."""
+    disk's write speed without the page cache. The directory is removed afterwards."""
     shutil.rmtree(directory, ignore_errors=True)
     _random_block()
-    started = time.perf_counter()
-    _raw_write(directory, total_bytes, streams)
-    return time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        _raw_write(directory, total_bytes, streams)
+        return time.perf_counter() - started
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def raw_read_seconds(src: Path, cold: bool = True, streams: int = RAW_STREAMS) -> float:
@@ -251,37 +257,24 @@ def seconds_by_round(
     `RAW_DEPTHS`. Raw writes come first in a round and raw reads after the copies: right after a
     large write the disk is still flushing it.
     """
-    unknown = set(methods) - {*BASELINES, "mlhpc"}
-    if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}")
     local_raw, dest = local_dir / "raw-write", local_dir / "dest"
-    copies: dict[str, Callable[[], float]] = {
+    measures: dict[str, Callable[[], float]] = {  # in the order they run within a round
+        "raw-write": lambda: min(raw_write_seconds(local_raw, size, depth) for depth in RAW_DEPTHS),
         "cp": lambda: cp_seconds(src, dest, cold),
         "tar": lambda: tar_seconds(src, dest, cold),
         "mlhpc": lambda: stage_seconds(src, dest, cold),
         "raw-read": lambda: min(raw_read_seconds(src, cold, depth) for depth in RAW_DEPTHS),
         "copy-limit": lambda: min(raw_copy_seconds(src, local_raw, cold, depth) for depth in RAW_DEPTHS),
     }
+    unknown = set(methods) - measures.keys()
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}")
     times: dict[str, list[float]] = {name: [] for name in methods}
-    try:
-        for _ in range(repeats):
-            if "raw-write" in methods:
-                times["raw-write"].append(
-                    min(_raw_write_once(local_raw, size, depth) for depth in RAW_DEPTHS)
-                )
-            for name in ("cp", "tar", "mlhpc", "raw-read", "copy-limit"):
-                if name in methods:
-                    times[name].append(copies[name]())
-    finally:
-        shutil.rmtree(local_raw, ignore_errors=True)
+    for _ in range(repeats):
+        for name, measure in measures.items():
+            if name in methods:
+                times[name].append(measure())
     return times
-
-
-def _raw_write_once(directory: Path, size: int, depth: int) -> float:
-    try:
-        return raw_write_seconds(directory, size, depth)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def medians(times: dict[str, list[float]]) -> dict[str, float]:
@@ -290,10 +283,7 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
 
 def stage_seconds(src: Path, dest: Path, cold: bool = True) -> float:
     """One rank's `stage_dataset` with its defaults, like `cp_seconds`."""
-    shutil.rmtree(dest, ignore_errors=True)
-    seconds = timed(lambda: stage_dataset(src, dest), cold)
-    shutil.rmtree(dest, ignore_errors=True)
-    return seconds
+    return _copy_seconds(lambda: stage_dataset(src, dest), dest, cold)
 
 
 def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
