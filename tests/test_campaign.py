@@ -18,7 +18,7 @@ from mlhpc.resume import finished_runs
 from mlhpc.submission_checker.check import check_submission
 from mlhpc.submission_checker.compliance import analyse_logs
 from mlhpc.submission_checker.scoring import RunTiming, weak_score
-from tests.conftest import cli_env, mllog_events
+from tests.conftest import cli_env, mlhpc_cli, mllog_events
 
 pytestmark = pytest.mark.slow
 
@@ -165,13 +165,7 @@ def test_breakdown_sums_to_the_run_time_and_reports(tmp_path: Path) -> None:
     assert data["achieved_flops_per_s"] > 0
     assert data["train_samples_seen"] % 2048 == 0
 
-    report = subprocess.run(
-        [sys.executable, "-m", "mlhpc", "report", str(out), "--plot", str(tmp_path / "b.png")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(),
-    )
+    report = mlhpc_cli(["report", str(out), "--plot", str(tmp_path / "b.png")], tmp_path, timeout=120)
     assert report.returncode == 0, report.stderr
     assert "backward" in report.stdout and "seed 3" in report.stdout
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
@@ -181,12 +175,6 @@ def test_report_names_a_bad_breakdown_file(tmp_path: Path) -> None:
     bad = tmp_path / "breakdown/x/result_0.json"
     bad.parent.mkdir(parents=True)
     bad.write_text("{not json")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlhpc", "report", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=cli_env(),
-    )
+    proc = mlhpc_cli(["report", str(tmp_path)], tmp_path, timeout=60)
     assert proc.returncode == 2
     assert str(bad) in proc.stderr and proc.stderr.count("\n") == 1

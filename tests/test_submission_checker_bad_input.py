@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 from mlhpc.submission_checker import check_submission
 from mlhpc.submission_checker.compliance import MAX_RESULT_BYTES
 from mlhpc.submission_checker.logparse import MAX_MLLOG_LINE_CHARS
-from tests.conftest import cli_env
+from tests.conftest import mlhpc_cli
 
 SAMPLE = Path(__file__).parent / "data" / "hpc_v2.0_helmholtzai" / "HelmholtzAI"
 HOREKA = "horeka_gpu_n512_pytorch1.13"
@@ -252,13 +250,7 @@ def test_fuzzed_logs_give_findings_not_tracebacks(fuzzed_round: Path) -> None:
 
 
 def test_fuzzed_round_through_the_command_line(fuzzed_round: Path, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "mlhpc", "check", str(fuzzed_round), "--csv", str(tmp_path / "out.csv")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=cli_env(),
-    )
+    done = mlhpc_cli(["check", str(fuzzed_round), "--csv", str(tmp_path / "out.csv")], tmp_path, timeout=300)
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert "FAILED" in done.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from mlhpc.variability import (
     read_runs,
     runs_needed,
 )
-from tests.conftest import cli_env
+from tests.conftest import mlhpc_cli
 
 HELMHOLTZ = Path(__file__).parent / "data/hpc_v2.0_helmholtzai/HelmholtzAI/results"
 
@@ -100,13 +98,7 @@ def test_spread_of_one_value_has_no_deviation() -> None:
 
 def test_command_on_published_logs_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "v.png"
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlhpc", "variability", str(HELMHOLTZ), "--plot", str(png)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(),
-    )
+    proc = mlhpc_cli(["variability", str(HELMHOLTZ), "--plot", str(png)], tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "strong/cosmoflow: 10 successful runs" in proc.stdout, proc.stdout
     assert "strong/deepcam: 5 successful runs" in proc.stdout
@@ -119,12 +111,6 @@ def test_command_on_published_logs_and_plot(tmp_path: Path) -> None:
 
 
 def test_no_logs_is_a_one_line_error(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlhpc", "variability", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=cli_env(),
-    )
+    proc = mlhpc_cli(["variability", str(tmp_path)], tmp_path, timeout=60)
     assert proc.returncode == 2
     assert str(tmp_path) in proc.stderr and proc.stderr.count("\n") == 1
