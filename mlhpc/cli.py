@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stage.add_argument("--processes", type=int, default=None, help="worker processes per rank (default auto)")
     stage.add_argument("--decompress", action="store_true", help="decompress .gz/.zst files while staging")
-    stage.add_argument("--no-direct-io", action="store_true", help="write through the page cache")
+    stage.add_argument(
+        "--no-direct-io", action="store_true", help="no O_DIRECT: read and write through the page cache"
+    )
     stage.add_argument("--chunk-mib", type=int, default=16, help="exchange chunk per node and round")
     stage.add_argument("--comm", choices=("auto", "torch", "mpi"), default="auto", help="collectives backend")
     stage.add_argument(

@@ -15,8 +15,9 @@
 Every copy starts from a cold page cache when run as root and ends with `sync`; the methods
 take turns within each repeat, so all see the same state of a noisy disk, and each ratio is the
 median of the repeats' own ratios (MB/s figures are medians). The raw read reads the
-dataset's own files, the raw write new files, both O_DIRECT in 16 MiB blocks, each the faster of
-4 and 32 requests in flight (`bench_tools.RAW_DEPTHS`; 32 is what `mlhpc stage` keeps).
+dataset's own files, the raw write new files, both O_DIRECT in 16 MiB blocks, at 4 and at 32
+requests in flight in every repeat (`bench_tools.RAW_DEPTHS`; 32 is what `mlhpc stage` keeps),
+each keeping the depth with the faster median.
 
     python perf/staging_throughput.py [--repeats 5] [--small-files 20000] [--large-files 8]
         [--large-mib 128] [--dir SCRATCH] [--local-dir DIR | --no-local-dir]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import threading
 from collections import deque
@@ -45,6 +46,8 @@ class CopyJob:
     threads: int
     read_ahead: int = 1
     """Block reads in flight per large file (see `read_ahead_depth`)."""
+    direct_reads: bool = True
+    """Read large files with O_DIRECT where the source allows it (else through the page cache)."""
 
 
 def read_ahead_depth(workers: int, files: int) -> int:
@@ -68,7 +71,7 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
     allocate and fill, which is most of the CPU cost of a buffered copy.
     """
     source = os.path.join(job.src_root, entry.path)
-    direct = job.options.direct_io and entry.size >= DIRECT_READ_MIN_BYTES and not job.options.decompress
+    direct = job.direct_reads and entry.size >= DIRECT_READ_MIN_BYTES and not job.options.decompress
     fd, direct = _open_source(source, direct)
     buffer = _pool.get(min(BUFFER_BYTES, max(entry.size, 1)))
     sink: FileSink | None = None
@@ -84,7 +87,7 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
             sink.write(data)
         if direct and job.read_ahead > 1:
             try:
-                _read_ahead(fd, sink, size, job.read_ahead)
+                _read_ahead(fd, sink, size, job.read_ahead, buffer)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -114,33 +117,39 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
         _pool.put(buffer)
 
 
-def _read_ahead(fd: int, sink: FileSink, size: int, depth: int) -> None:
-    """Copy `size` bytes with `depth` block reads in flight, hashed and written in order."""
+def _read_ahead(fd: int, sink: FileSink, size: int, depth: int, spare: mmap.mmap) -> None:
+    """Copy `size` bytes with `depth` block reads in flight, hashed and written in order.
+
+    Block i+depth is asked for before block i is written, into one more buffer (`spare`: the
+    sink's, idle here, and as large as any block this far into the file), so that `depth` reads
+    stay in flight while a block is written."""
     global _readers
     with _readers_lock:
         if _readers is None:
             _readers = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mlhpc-read")
     readers = _readers
-    buffers = [_pool.get(BUFFER_BYTES) for _ in range(depth)]
+    own = [_pool.get(BUFFER_BYTES) for _ in range(depth)]
+    buffers = [*own, spare]
     offsets = range(0, size, BUFFER_BYTES)
     pending: deque[Future[int]] = deque()
 
     def read(i: int) -> int:
-        return os.preadv(fd, [buffers[i % depth]], offsets[i])
+        return os.preadv(fd, [buffers[i % len(buffers)]], offsets[i])
 
     try:
         pending.extend(readers.submit(read, i) for i in range(min(depth, len(offsets))))
         for i, offset in enumerate(offsets):
             n = pending.popleft().result()
-            sink.write_block(buffers[i % depth], n)
             if n < min(BUFFER_BYTES, size - offset):
+                sink.write_block(buffers[i % len(buffers)], n)
                 return  # the file shrank: the size check in `finish` names it
             if i + depth < len(offsets):
                 pending.append(readers.submit(read, i + depth))
+            sink.write_block(buffers[i % len(buffers)], n)
     finally:
         for future in pending:  # a buffer still being read into must not go back to the pool
             future.exception()
-        for buffer in buffers:
+        for buffer in own:
             _pool.put(buffer)
 
 

@@ -34,6 +34,7 @@ class Settings:
 
     mode: Mode
     options: SinkOptions
+    direct_reads: bool
     workers: int
     processes: int | None
     chunk_bytes: int
@@ -76,6 +77,7 @@ def stage_directory(
         settings.options,
         threads=-(-settings.workers // processes),
         read_ahead=read_ahead_depth(settings.workers, len(ops)),
+        direct_reads=settings.direct_reads,
     )
     with StageProgress(
         settings.progress, len(ops), sum(op.entry.size for op in ops), f"staging {src.name}"

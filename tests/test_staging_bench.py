@@ -82,6 +82,17 @@ def test_timings_reject_an_unknown_method(tmp_path: Path) -> None:
         tools.seconds_by_round(tmp_path, 1, tmp_path, 1, False, ("cp", "rsync"))
 
 
+def test_raw_baselines_keep_one_depth_chosen_by_median(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # depth 4 is lucky once and slow otherwise; the faster run of each round would give [1, 2, 2]
+    seconds = {tools.RAW_DEPTHS[0]: iter([1.0, 3.0, 3.0]), tools.RAW_DEPTHS[1]: iter([2.0, 2.0, 2.0])}
+    monkeypatch.setattr(tools, "raw_read_seconds", lambda src, cold, depth: next(seconds[depth]))
+    monkeypatch.setattr(tools, "cp_seconds", lambda src, dest, cold: 4.0)
+    times = tools.seconds_by_round(tmp_path, 1, tmp_path, 3, False, ("cp", "raw-read"))
+    assert times == {"cp": [4.0, 4.0, 4.0], "raw-read": [2.0, 2.0, 2.0]}
+
+
 def test_raw_read_reads_every_source_byte_once_with_requests_in_flight(tmp_path: Path) -> None:
     big, small = tmp_path / "data" / "big.bin", tmp_path / "data" / "sub" / "small.bin"
     small.parent.mkdir(parents=True)
