@@ -278,8 +278,9 @@ def seconds_by_round(
     }
     for _ in range(repeats):
         for name, measure in measures.items():
-            for depth in _depths(name) if name in methods else ():
-                runs[name, depth].append(measure(depth))
+            if name in methods:
+                for depth in _depths(name):
+                    runs[name, depth].append(measure(depth))
     return {
         name: min((runs[name, depth] for depth in _depths(name)), key=statistics.median) for name in methods
     }

@@ -140,12 +140,12 @@ def _read_ahead(fd: int, sink: FileSink, size: int, depth: int, spare: mmap.mmap
         pending.extend(readers.submit(read, i) for i in range(min(depth, len(offsets))))
         for i, offset in enumerate(offsets):
             n = pending.popleft().result()
-            if n < min(BUFFER_BYTES, size - offset):
-                sink.write_block(buffers[i % len(buffers)], n)
-                return  # the file shrank: the size check in `finish` names it
-            if i + depth < len(offsets):
+            whole = n == min(BUFFER_BYTES, size - offset)
+            if whole and i + depth < len(offsets):
                 pending.append(readers.submit(read, i + depth))
             sink.write_block(buffers[i % len(buffers)], n)
+            if not whole:
+                return  # the file shrank: the size check in `finish` names it
     finally:
         for future in pending:  # a buffer still being read into must not go back to the pool
             future.exception()

@@ -167,7 +167,7 @@ class FileSink:
         passes here once. Buffered writes copy the bytes in the kernel, so they go a slice at a
         time, each hashed and copied while it is in the CPU's cache, not fetched from memory
         twice (~10 % less CPU into tmpfs); an O_DIRECT write, which the disk reads itself, whole."""
-        step = n if self._direct else WRITE_SLICE_BYTES
+        step = max(n, 1) if self._direct else WRITE_SLICE_BYTES  # n is 0 when the source shrank
         for at in range(0, n, step):
             piece = view[at : min(n, at + step)]
             self._out_hash.update(piece)

@@ -323,6 +323,18 @@ def test_blocks_written_whole_or_in_slices_give_the_same_file_and_checksum(
     assert (tmp_path / "big.bin").read_bytes() == data
 
 
+def test_a_source_that_shrank_to_a_block_boundary_is_named_not_a_crash(tmp_path: Path) -> None:
+    entry = FileEntry("big.bin", 2 * BUFFER_BYTES, "")
+    options = SinkOptions(direct_io=supports_direct_io(str(tmp_path)))
+    sink = FileSink(str(tmp_path), entry, options, mmap.mmap(-1, BUFFER_BYTES))
+    block = mmap.mmap(-1, BUFFER_BYTES)
+    sink.write_block(block, BUFFER_BYTES)
+    sink.write_block(block, 0)  # what read-ahead hands on when the second block's read finds the end
+    with pytest.raises(StagingError, match=r"big\.bin gave 16777216 bytes.*source changed"):
+        sink.finish()
+    assert list(tmp_path.iterdir()) == []  # the partial file is gone
+
+
 @pytest.mark.skipif(filesystem_type("/dev/shm") != "tmpfs", reason="needs /dev/shm on tmpfs")
 def test_memory_destination_gets_buffered_writes_and_read_ahead_still_copies(tmp_path: Path) -> None:
     src = tmp_path / "src"
