@@ -14,10 +14,11 @@
 
 Every copy starts from a cold page cache when run as root and ends with `sync`; the methods
 take turns within each repeat, so all see the same state of a noisy disk, and each ratio is the
-median of the repeats' own ratios (MB/s figures are medians). The raw read reads the
-dataset's own files, the raw write new files, both O_DIRECT in 16 MiB blocks, at 4 and at 32
-requests in flight in every repeat (`bench_tools.RAW_DEPTHS`; 32 is what `mlhpc stage` keeps),
-each keeping the depth with the faster median.
+median of the repeats' own ratios (MB/s figures are medians), printed with the lowest and
+highest repeat's ratio. The raw read reads the dataset's own files, the raw write new files,
+both O_DIRECT in 16 MiB blocks, at 4 and at 32 requests in flight in every repeat
+(`bench_tools.RAW_DEPTHS`; 32 is what `mlhpc stage` keeps), each keeping the depth with the
+faster median.
 
     python perf/staging_throughput.py [--repeats 5] [--small-files 20000] [--large-files 8]
         [--large-mib 128] [--dir SCRATCH] [--local-dir DIR | --no-local-dir]
@@ -51,10 +52,19 @@ class Rounds:
     def mb_s(self, method: str) -> float:
         return self.size / statistics.median(self.seconds[method]) / 1e6
 
-    def ratio(self, method: str, baseline: str) -> float:
-        """How much faster `method` was than `baseline`: the median over rounds."""
+    def ratios(self, method: str, baseline: str) -> list[float]:
+        """How much faster `method` was than `baseline`, round by round."""
         pairs = zip(self.seconds[baseline], self.seconds[method], strict=True)
-        return statistics.median(base / mine for base, mine in pairs)
+        return [base / mine for base, mine in pairs]
+
+    def ratio(self, method: str, baseline: str) -> float:
+        """The median over rounds of `ratios`: the figure a target is judged on."""
+        return statistics.median(self.ratios(method, baseline))
+
+    def spread(self, method: str, baseline: str) -> str:
+        """The lowest and highest round's ratio: how far one run of a noisy disk can move it."""
+        ratios = self.ratios(method, baseline)
+        return f"rounds {min(ratios):.2f}-{max(ratios):.2f}"
 
 
 def other_device(work: Path, candidate: Path, size: int) -> Path | None:
@@ -70,12 +80,14 @@ def report_large(label: str, rounds: Rounds, judge_read: bool) -> None:
     cp_ratio = rounds.ratio("mlhpc", "cp")
     read_ratio = rounds.ratio("mlhpc", "raw-read")
     read_note = f"target >= 0.8: {verdict(read_ratio >= 0.8)}" if judge_read else "not judged: one disk"
+    read_note += f"; {rounds.spread('mlhpc', 'raw-read')}"
     rates = ", ".join(
         f"{name} {rounds.mb_s(name):.0f}" for name in ("cp", "mlhpc", "raw-read", "raw-write", "copy-limit")
     )
     print(
         f"   {label}: MB/s {rates}\n"
-        f"      ratio to cp {cp_ratio:.2f} (target >= 1.0: {verdict(cp_ratio >= 1.0)}); "
+        f"      ratio to cp {cp_ratio:.2f} (target >= 1.0: {verdict(cp_ratio >= 1.0)}; "
+        f"{rounds.spread('mlhpc', 'cp')}); "
         f"ratio to raw read {read_ratio:.2f} ({read_note}); "
         f"ratio to the copy limit {rounds.ratio('mlhpc', 'copy-limit'):.2f}"
     )
@@ -128,7 +140,7 @@ def main() -> None:
         print(
             f"2. small  {args.small_files} x {args.small_kib} KiB: cp {small.mb_s('cp'):.0f} MB/s, "
             f"mlhpc stage {small.mb_s('mlhpc'):.0f} MB/s\n"
-            f"   ratio to cp {ratio:.2f} (target >= 2.0: {verdict(ratio >= 2.0)})"
+            f"   ratio to cp {ratio:.2f} (target >= 2.0: {verdict(ratio >= 2.0)}; {small.spread('mlhpc', 'cp')})"
         )
 
         plan = [

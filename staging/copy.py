@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -22,10 +23,20 @@ from typing import Any
 from mlhpc.common.errors import StagingError
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
 from mlhpc.staging.plan import CopyOp
-from mlhpc.staging.sink import BUFFER_BYTES, BufferPool, FileSink, SinkOptions, Staged, staged_path
+from mlhpc.staging.sink import (
+    BUFFER_BYTES,
+    BufferPool,
+    FileSink,
+    SinkOptions,
+    Staged,
+    staged_path,
+    write_error,
+)
 
 JOURNAL_PREFIX = ".mlhpc_journal."
 DIRECT_READ_MIN_BYTES = 4 << 20
+JOURNAL_BATCH = 64
+JOURNAL_DELAY_S = 1.0
 MAX_READ_AHEAD = 4
 """Block reads in flight per large file, at most. One at a time leaves a disk that wants a deep
 queue idle when there are fewer files than workers (8 x 128 MiB files here: +32 %)."""
@@ -68,16 +79,20 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
     """Copy one file: read it into an aligned buffer, hash it there, write it under a temporary name.
 
     Large files are also read with O_DIRECT where the source allows it: no page-cache pages to
-    allocate and fill, which is most of the CPU cost of a buffered copy.
+    allocate and fill, which is most of the CPU cost of a buffered copy. A file smaller than a
+    block is read whole into a buffer one byte larger, so that the read itself shows whether the
+    file still has its listed size: no `fstat`, no read-ahead hint, no read to find the end.
+    With many small files these system calls are most of the work, and each one costs a
+    hand-over of the GIL among the worker threads.
     """
     source = os.path.join(job.src_root, entry.path)
+    whole = entry.size < BUFFER_BYTES
     direct = job.direct_reads and entry.size >= DIRECT_READ_MIN_BYTES and not job.options.decompress
-    fd, direct = _open_source(source, direct)
-    buffer = _pool.get(min(BUFFER_BYTES, max(entry.size, 1)))
+    fd, direct = _open_source(source, direct, sequential=not whole)
+    buffer = _pool.get(entry.size + 1 if whole else BUFFER_BYTES)
     sink: FileSink | None = None
     try:
-        size = os.fstat(fd).st_size
-        if size != entry.size:
+        if not whole and (size := os.fstat(fd).st_size) != entry.size:
             raise StagingError(
                 f"staging source file {source} has {size} bytes, its listing says {entry.size}; "
                 f"the source changed: regenerate its {MANIFEST_NAME} or stage again"
@@ -87,7 +102,7 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
             sink.write(data)
         if direct and job.read_ahead > 1:
             try:
-                _read_ahead(fd, sink, size, job.read_ahead, buffer)
+                _read_ahead(fd, sink, entry.size, job.read_ahead, buffer)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -96,8 +111,10 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
             os.lseek(fd, sink.received, os.SEEK_SET)  # the loop below reads what is left, if anything
         while sink.path == entry.path:
             try:
-                if not sink.read_from(fd):
-                    break
+                room = sink.room
+                n = sink.read_from(fd)
+                if not n or (n < room and sink.received == entry.size):
+                    break  # a short read that brings the listed size is the end of the file
             except OSError as e:
                 if not (direct and e.errno == errno.EINVAL):
                     raise
@@ -153,8 +170,9 @@ def _read_ahead(fd: int, sink: FileSink, size: int, depth: int, spare: mmap.mmap
             _pool.put(buffer)
 
 
-def _open_source(path: str, direct: bool) -> tuple[int, bool]:
-    """Open a source file, with O_DIRECT if asked and allowed; (fd, whether O_DIRECT)."""
+def _open_source(path: str, direct: bool, sequential: bool = True) -> tuple[int, bool]:
+    """Open a source file, with O_DIRECT if asked and allowed; (fd, whether O_DIRECT). Buffered
+    reads of a file read in more than one piece get the kernel's sequential read-ahead hint."""
     flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
     try:
         if direct:
@@ -166,28 +184,56 @@ def _open_source(path: str, direct: bool) -> tuple[int, bool]:
         fd = os.open(path, flags)
     except OSError as e:
         raise source_error(e, path) from e
-    if hasattr(os, "posix_fadvise"):
+    if sequential and hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     return fd, False
 
 
 class Journal:
-    """Per-process log of verified files in the destination: what a rerun may skip.
+    """Per-process log of verified files in the destination: what a rerun may skip, and what
+    the node's manifest is made from.
 
-    One line per file, appended with a single write after the file was renamed into place.
+    One line per file, recorded after the file was renamed into place and appended in batches
+    (`JOURNAL_BATCH` lines or `JOURNAL_DELAY_S`, whichever comes first; `flush` and `close`
+    write the rest): with an append per file, threads wait on the file's lock, which cost about
+    40 of the ~250 us of CPU a 64 KiB file took with 8 threads here. A process killed mid-batch
+    loses that batch's lines, so a rerun checks those files again against the source's
+    checksums, or copies them again.
     """
 
     def __init__(self, dest_root: str) -> None:
-        path = os.path.join(dest_root, f"{JOURNAL_PREFIX}{os.getpid()}.jsonl")
+        self.path = os.path.join(dest_root, f"{JOURNAL_PREFIX}{os.getpid()}.jsonl")
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        self._fd = os.open(path, flags, 0o644)
+        self._fd = os.open(self.path, flags, 0o644)
+        self._lines: list[str] = []
+        self._first_at = 0.0
+        self._lock = threading.Lock()
 
     def record(self, staged: Staged) -> None:
         line = json.dumps([staged.path, staged.size, staged.checksum, staged.source, staged.source_checksum])
-        os.write(self._fd, (line + "\n").encode())
+        with self._lock:
+            if not self._lines:
+                self._first_at = time.monotonic()
+            self._lines.append(line)
+            if len(self._lines) < JOURNAL_BATCH and time.monotonic() - self._first_at < JOURNAL_DELAY_S:
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        """Append the lines recorded so far (one write: a crash cuts at most its last line)."""
+        with self._lock:
+            lines, self._lines = self._lines, []
+            if lines:
+                try:
+                    os.write(self._fd, "".join(f"{line}\n" for line in lines).encode())
+                except OSError as e:
+                    raise write_error(e, self.path) from e
 
     def close(self) -> None:
-        os.close(self._fd)
+        try:
+            self.flush()
+        finally:
+            os.close(self._fd)
 
 
 def journal(dest_root: str) -> Journal:

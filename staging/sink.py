@@ -136,6 +136,11 @@ class FileSink:
             if self._fill == len(self.buffer):
                 self._flush()
 
+    @property
+    def room(self) -> int:
+        """Bytes the buffer can take before it is written out."""
+        return len(self.buffer) - self._fill
+
     def read_from(self, fd: int) -> int:
         """Read the next bytes of the source straight into the buffer (no decompression)."""
         assert self._decoder is None
@@ -198,7 +203,7 @@ class FileSink:
             self.abort()
             raise StagingError(
                 f"staging source file {self.source.path} gave {self.received} bytes, its listing says "
-                f"{self.source.size}; the source changed while staging: stage again"
+                f"{self.source.size}; the source changed: regenerate its {MANIFEST_NAME} or stage again"
             )
         if self.source.checksum and checksum != self.source.checksum:
             self.abort()

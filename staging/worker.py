@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.copy import CopyJob, close_journal, copy_file
+from mlhpc.staging.copy import CopyJob, close_journal, copy_file, journal
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.sink import SinkOptions, Staged
 
@@ -100,6 +100,7 @@ def main() -> None:
             entries = [FileEntry(*fields) for fields in json.loads(line)]
             try:
                 staged = list(pool.map(lambda entry: copy_file(job, entry), entries))
+                journal(job.dest_root).flush()  # journaled before reported: a reply is a promise
                 reply = {"staged": [list(asdict(s).values()) for s in staged]}
             except StagingError as e:
                 reply = {"error": str(e)}

@@ -18,7 +18,8 @@ import zstandard
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
-from mlhpc.staging.copy import MAX_READ_AHEAD, read_ahead_depth
+from mlhpc.staging import copy as copy_module
+from mlhpc.staging.copy import JOURNAL_BATCH, MAX_READ_AHEAD, CopyJob, Journal, copy_file, read_ahead_depth
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.model import Cluster, model_table, staging_time
 from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_copies, rank_files
@@ -333,6 +334,54 @@ def test_a_source_that_shrank_to_a_block_boundary_is_named_not_a_crash(tmp_path:
     with pytest.raises(StagingError, match=r"big\.bin gave 16777216 bytes.*source changed"):
         sink.finish()
     assert list(tmp_path.iterdir()) == []  # the partial file is gone
+
+
+@pytest.mark.parametrize("listed", [4095, 4097, BUFFER_BYTES + 1])
+def test_a_file_whose_size_is_not_its_listing_is_named(tmp_path: Path, listed: int) -> None:
+    """Small files are read whole with no `fstat`: their one read must still catch a file that
+    shrank or grew since it was listed, as `fstat` does for large ones."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(os.urandom(4096 if listed < BUFFER_BYTES else BUFFER_BYTES))
+    job = CopyJob(str(tmp_path / "src"), str(tmp_path / "dest"), SinkOptions(), threads=1)
+    with pytest.raises(
+        StagingError, match=rf"f\.bin (has|gave) \d+ bytes, its listing says {listed}.*regenerate"
+    ):
+        copy_file(job, FileEntry("f.bin", listed, ""))
+    copy_module.close_journal(job.dest_root)
+    assert not list((tmp_path / "dest").rglob("*.bin*"))  # no partial, nothing renamed into place
+
+
+def test_a_small_file_costs_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "src").mkdir()
+    data = os.urandom(5000)
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    reads: list[int] = []
+    real_readv = os.readv
+    monkeypatch.setattr(os, "readv", lambda fd, buffers: reads.append(fd) or real_readv(fd, buffers))
+    job = CopyJob(str(tmp_path / "src"), str(tmp_path / "dest"), SinkOptions(), threads=1)
+    staged = copy_file(job, FileEntry("f.bin", len(data), xxhash.xxh3_128(data).hexdigest()))
+    copy_module.close_journal(job.dest_root)
+    assert len(reads) == 1  # the short read that brings the listed size is the end: no read for EOF
+    assert (tmp_path / "dest" / "f.bin").read_bytes() == data and staged.size == len(data)
+
+
+def test_journal_appends_in_batches_and_on_flush(tmp_path: Path) -> None:
+    journal = Journal(str(tmp_path))
+
+    def lines() -> list[str]:
+        return Path(journal.path).read_text().splitlines()
+
+    staged = [copy_module.Staged(f"f{i}", i, "c", f"f{i}", "") for i in range(JOURNAL_BATCH + 3)]
+    for record in staged[: JOURNAL_BATCH - 1]:
+        journal.record(record)
+    assert lines() == []  # held until a batch is full (or a second has passed)
+    journal.record(staged[JOURNAL_BATCH - 1])
+    assert len(lines()) == JOURNAL_BATCH
+    for record in staged[JOURNAL_BATCH:]:
+        journal.record(record)
+    journal.close()  # writes the rest
+    assert [json.loads(line)[0] for line in lines()] == [s.path for s in staged]
+    assert set(copy_module.read_journals(tmp_path)) == {s.source for s in staged}
 
 
 @pytest.mark.skipif(filesystem_type("/dev/shm") != "tmpfs", reason="needs /dev/shm on tmpfs")
