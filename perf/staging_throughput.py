@@ -18,7 +18,9 @@ median of the repeats' own ratios (MB/s figures are medians), printed with the l
 highest repeat's ratio. The raw read reads the dataset's own files, the raw write new files,
 both O_DIRECT in 16 MiB blocks, at 4 and at 32 requests in flight in every repeat
 (`bench_tools.RAW_DEPTHS`; 32 is what `mlhpc stage` keeps), each keeping the depth with the
-faster median.
+faster median. Large files are also copied by `dd` (one `dd iflag=direct bs=16M` per file,
+all at once): the leanest real copy, which shows how much of a gap to the raw read is the
+software's and how much is the cost of writing the bytes on this machine.
 
     python perf/staging_throughput.py [--repeats 5] [--small-files 20000] [--large-files 8]
         [--large-mib 128] [--dir SCRATCH] [--local-dir DIR | --no-local-dir]
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from mlhpc.staging import bench_tools as tools
 
-LARGE_METHODS = ("raw-write", "cp", "mlhpc", "raw-read", "copy-limit")
+LARGE_METHODS = ("raw-write", "cp", "dd", "mlhpc", "raw-read", "copy-limit")
 
 
 def verdict(ok: bool) -> str:
@@ -82,14 +84,16 @@ def report_large(label: str, rounds: Rounds, judge_read: bool) -> None:
     read_note = f"target >= 0.8: {verdict(read_ratio >= 0.8)}" if judge_read else "not judged: one disk"
     read_note += f"; {rounds.spread('mlhpc', 'raw-read')}"
     rates = ", ".join(
-        f"{name} {rounds.mb_s(name):.0f}" for name in ("cp", "mlhpc", "raw-read", "raw-write", "copy-limit")
+        f"{name} {rounds.mb_s(name):.0f}"
+        for name in ("cp", "dd", "mlhpc", "raw-read", "raw-write", "copy-limit")
     )
     print(
         f"   {label}: MB/s {rates}\n"
         f"      ratio to cp {cp_ratio:.2f} (target >= 1.0: {verdict(cp_ratio >= 1.0)}; "
         f"{rounds.spread('mlhpc', 'cp')}); "
         f"ratio to raw read {read_ratio:.2f} ({read_note}); "
-        f"ratio to the copy limit {rounds.ratio('mlhpc', 'copy-limit'):.2f}"
+        f"ratio to the copy limit {rounds.ratio('mlhpc', 'copy-limit'):.2f}; "
+        f"ratio to dd {rounds.ratio('mlhpc', 'dd'):.2f} ({rounds.spread('mlhpc', 'dd')})"
     )
 
 

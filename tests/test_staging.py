@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import json
 import mmap
@@ -26,6 +27,7 @@ from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_co
 from mlhpc.staging.sink import (
     BUFFER_BYTES,
     WRITE_SLICE_BYTES,
+    BufferPool,
     FileSink,
     SinkOptions,
     direct_writes_pay,
@@ -383,6 +385,20 @@ def test_journal_appends_in_batches_and_on_flush(tmp_path: Path, monkeypatch: py
     journal.close()  # writes the rest
     assert [json.loads(line)[0] for line in lines()] == [s.path for s in staged]
     assert set(copy_module.read_journals(tmp_path)) == {s.source for s in staged}
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux's /proc/self/maps")
+def test_copy_buffers_are_private_memory_not_shmem() -> None:
+    buffer = BufferPool().get(BUFFER_BYTES)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        start, end = (int(x, 16) for x in line.split()[0].split("-"))
+        if start <= address < end:
+            mode, backing = line.split()[1], line.split()[5:]
+            break
+    else:
+        pytest.fail("the buffer is in no mapping of /proc/self/maps")
+    assert mode.endswith("p") and not backing  # not 'rw-s /dev/zero (deleted)': shmem, dearer to fault in
 
 
 @pytest.mark.skipif(filesystem_type("/dev/shm") != "tmpfs", reason="needs /dev/shm on tmpfs")

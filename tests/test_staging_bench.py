@@ -77,6 +77,19 @@ def test_copies_go_to_the_local_dir_and_leave_nothing(
     assert list(local.iterdir()) == []  # copies and raw files removed
 
 
+def test_parallel_dd_copies_every_file_byte_for_byte(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    files = {"big.bin": os.urandom((17 << 20) + 5), "sub/small.bin": b"z" * 100}  # O_DIRECT's tails
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    tools.parallel_dd(src, tmp_path / "dest", streams=2)
+    assert {
+        p.relative_to(tmp_path / "dest").as_posix(): p.read_bytes()
+        for p in (tmp_path / "dest").rglob("*.bin")
+    } == files
+
+
 def test_timings_reject_an_unknown_method(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rsync"):
         tools.seconds_by_round(tmp_path, 1, tmp_path, 1, False, ("cp", "rsync"))
