@@ -286,8 +286,9 @@ def seconds_by_round(
 
     `cp`, `tar`, `dd` (`parallel_dd`) and `mlhpc` (one rank, `stage_dataset`) copy `src` into
     `local_dir`; `raw-read` reads `src`'s files with no software between them and the disk,
-    `raw-write` writes `size` bytes to `local_dir`'s disk, and `copy-limit` does both at once. Raw writes come first in a
-    round and raw reads after the copies: right after a large write the disk is still flushing it.
+    `raw-write` writes `size` bytes to `local_dir`'s disk, and `copy-limit` does both at once.
+    Raw writes come first in a round and raw reads after the copies: right after a large write
+    the disk is still flushing it.
 
     The raw measures run at each of `RAW_DEPTHS` in every round and keep the depth with the lower
     median over the rounds, the disk's preferred depth. Not the faster run of each round: the
