@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gzip
+import itertools
 import json
 import mmap
 import os
@@ -20,11 +21,21 @@ import zstandard
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
 from mlhpc.staging import copy as copy_module
-from mlhpc.staging.copy import JOURNAL_BATCH, MAX_READ_AHEAD, CopyJob, Journal, copy_file, read_ahead_depth
+from mlhpc.staging.copy import (
+    JOURNAL_BATCH,
+    MAX_READ_AHEAD,
+    TAIL_PIECE_BYTES,
+    CopyJob,
+    Journal,
+    copy_file,
+    read_ahead_depth,
+    read_spans,
+)
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.model import Cluster, model_table, staging_time
 from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_copies, rank_files
 from mlhpc.staging.sink import (
+    ALIGN,
     BUFFER_BYTES,
     WRITE_SLICE_BYTES,
     BufferPool,
@@ -417,6 +428,20 @@ def test_memory_destination_gets_buffered_writes_and_read_ahead_still_copies(tmp
 def test_filesystem_type_is_that_of_the_deepest_mount() -> None:
     assert filesystem_type("/") != ""
     assert filesystem_type("/proc/self") == "proc"  # the /proc mount, not the root file system's
+
+
+@pytest.mark.parametrize("size", [4 << 20, BUFFER_BYTES, BUFFER_BYTES + 1, (40 << 20) + 123, 128 << 20])
+def test_read_spans_cover_the_file_once_in_pages_and_end_in_small_pieces(size: int) -> None:
+    spans = read_spans(size)
+    assert spans[0][0] == 0
+    for (at, length), (after, _) in itertools.pairwise(spans):
+        assert after == at + length  # no gap, no overlap
+    last_at, last_length = spans[-1]
+    assert last_at < size <= last_at + last_length  # the last read reaches the end
+    assert all(at % ALIGN == 0 and length % ALIGN == 0 for at, length in spans)  # as O_DIRECT wants
+    assert all(length <= BUFFER_BYTES for _, length in spans)
+    tail = [length for at, length in spans if at + BUFFER_BYTES >= size]
+    assert set(tail) == {TAIL_PIECE_BYTES}  # what is left to write after the last read: one piece
 
 
 def test_read_ahead_uses_the_workers_a_short_file_list_leaves_idle() -> None:
