@@ -1,0 +1,68 @@
+"""One writer per folder: a lock file that a second `mlhpc` process finds held and refuses at once.
+
+The lock is a POSIX record lock (`fcntl.lockf`) on `<folder>/.mlhpc.lock`, which NFS and Lustre
+pass between nodes and the kernel drops when its holder dies: a lock file left by a killed
+process is stale by construction and is simply taken again. The holder writes its host, pid and
+start time into the file, so the refusal names who holds it. The file itself stays (removing a
+lock file races with the next taker); it starts with `.mlhpc`, which dataset listings skip.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mlhpc.common.errors import MlhpcError
+
+LOCK_NAME = ".mlhpc.lock"
+
+
+class FolderBusy(MlhpcError):
+    """Another process holds the folder's lock."""
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str, fix: str) -> Iterator[Path]:
+    """Hold `folder`'s lock for the `with` block (making `folder` if needed), saying `what` this
+    process does there; a held lock is a `FolderBusy` naming the holder, its `what`, and `fix`. Within one process
+    POSIX locks do not exclude each other, so take each folder's lock once per process."""
+    folder = Path(folder)
+    path = folder / LOCK_NAME
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW  # a planted link is refused
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        raise MlhpcError(
+            f"cannot lock {folder} ({e.strerror or e}); check that it is a writable folder"
+        ) from e
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise MlhpcError(f"cannot lock {path} ({e.strerror}); check the file system") from e
+            raise FolderBusy(f"{folder} is in use by {_holder(fd)}; {fix}") from None
+        holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "what": what}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # closing the only descriptor drops the lock
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it ("another process" if it cannot be read)."""
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(data["since"])))
+        return f"pid {int(data['pid'])} on {data['host']} ({data['what']}) since {since}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
