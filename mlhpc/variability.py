@@ -6,6 +6,7 @@ Pure statistics first; reading logs and printing/plotting after.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Sequence
@@ -17,9 +18,14 @@ import numpy as np
 
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.plots import pyplot, write_png
+from mlhpc.common.safe_read import find_files
 
 MAX_RUNS = 200
 """The largest campaign `runs_needed` considers."""
+MAX_MINUTES = 10 * 365 * 24 * 60
+"""A run said to take longer than ten years has broken timestamps; it is left out."""
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,27 +99,63 @@ def runs_needed(cv: float, difference: float, confidence: float = 0.95) -> int |
 
 
 def read_runs(folder: Path) -> dict[Path, list[RunPoint]]:
-    """The successful runs under `folder`, grouped by the folder holding their result_*.txt."""
-    from mlhpc.submission_checker.logparse import parse_log
+    """The successful runs under `folder`, grouped by the folder holding their result_*.txt.
+
+    A file that cannot be read safely (not a regular file, too big, a link loop or out of
+    `folder`) is skipped with a warning, and so is a run whose timestamps go backwards.
+    """
+    from mlhpc.submission_checker.compliance import MAX_RESULT_BYTES
 
     folder = Path(folder)
-    if not folder.exists():
+    if not folder.exists() and not folder.is_symlink():
         raise SubmissionError(f"{folder} does not exist; pass a campaign's or a submission's folder")
-    paths = sorted(folder.rglob("result_*.txt")) if folder.is_dir() else [folder]
+    if folder.is_dir():
+        paths, refused = find_files(folder, "result_*.txt", MAX_RESULT_BYTES, what="a result log")
+        for path, problem in refused:
+            _log.warning("skipped %s", problem.line(path))
+    else:
+        paths = [folder]
     groups: dict[Path, list[RunPoint]] = {}
     for path in paths:
-        log = parse_log(path)
-        if log.run_stop_status != "success" or not log.has_start_stop or not log.evals:
-            continue
-        seed = int(log.seeds[0][0]) if log.seeds and log.seeds[0][0].lstrip("-").isdigit() else None
-        minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
-        point = RunPoint(path=str(path), seed=seed, epochs=log.evals[-1][1], minutes=minutes)
-        groups.setdefault(path.parent, []).append(point)
+        point = _read_point(path)
+        if point is not None:
+            groups.setdefault(path.parent, []).append(point)
     if not groups:
         raise SubmissionError(
             f"{folder} holds no successful result_*.txt log; pass a folder with a campaign's results"
         )
     return groups
+
+
+def _read_point(path: Path) -> RunPoint | None:
+    """One log's run, or None (with a warning when something is wrong with the file)."""
+    from mlhpc.submission_checker.logparse import parse_log
+
+    try:
+        log = parse_log(path)
+    except OSError as e:
+        _log.warning("skipped %s: cannot read it: %s; make it a readable file", path, e.strerror or e)
+        return None
+    if log.run_stop_status != "success" or not log.has_start_stop or not log.evals:
+        return None
+    seed = int(log.seeds[0][0]) if log.seeds and log.seeds[0][0].lstrip("-").isdigit() else None
+    minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
+    epochs = log.evals[-1][1]
+    if minutes < 0:
+        _log.warning(
+            "left out %s: its timestamps go backwards (run_stop on line %s is %.3f min before run_start "
+            "on line %s); fix the log's clock or rerun that seed",
+            path, log.run_stop_line, -minutes, log.run_start_line,
+        )  # fmt: skip
+        return None
+    if not (math.isfinite(minutes) and math.isfinite(epochs) and minutes <= MAX_MINUTES):
+        _log.warning(
+            "left out %s: run_start/run_stop time_ms or the last epoch_num is not a plausible number "
+            "(%s min, epoch %s); fix the log or rerun that seed",
+            path, minutes, epochs,
+        )  # fmt: skip
+        return None
+    return RunPoint(path=str(path), seed=seed, epochs=epochs, minutes=minutes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +191,7 @@ def variability_command(
 ) -> list[Variability]:
     """`mlhpc variability DIR`: print each entry's table and write the distributions' PNG."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     groups = read_runs(folder)
@@ -158,12 +201,13 @@ def variability_command(
     ]
     console = Console(width=120)
     for result in results:
-        console.print(f"[bold]{result.entry}[/bold]: {len(result.runs)} successful runs")
+        # Folder names are data, not markup: "[/x]" in one must not stop the table.
+        console.print(f"[bold]{escape(result.entry)}[/bold]: {len(result.runs)} successful runs")
         table = Table()
         for column in ("run", "seed", "epochs to target", "minutes to target"):
             table.add_column(column, justify="right")
         for run in result.runs:
-            table.add_row(Path(run.path).stem, str(run.seed), f"{run.epochs:g}", f"{run.minutes:.3f}")
+            table.add_row(escape(Path(run.path).stem), str(run.seed), f"{run.epochs:g}", f"{run.minutes:.3f}")
         for label, spread in (("mean", "mean"), ("std", "std")):
             table.add_row(
                 label, "", f"{getattr(result.epochs, spread):.3f}", f"{getattr(result.minutes, spread):.3f}"
@@ -181,7 +225,7 @@ def variability_command(
         )
     if plot is not None:
         plot_distributions(results, plot)
-        console.print(f"wrote {plot}")
+        console.print(f"wrote {escape(str(plot))}")
     return results
 
 

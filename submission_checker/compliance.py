@@ -21,12 +21,12 @@ import logging
 import multiprocessing
 import os
 import re
-import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlhpc.common import safe_read
 from mlhpc.common.errors import SubmissionError
 
 from .logparse import RunLog, find_line, parse_log
@@ -244,22 +244,21 @@ def run_engine(path: str, ruleset: str, log: RunLog | None = None) -> tuple[bool
 
 
 def refusal(path: str) -> tuple[str, str, str] | None:
-    """Why `path` must not be read (not a regular file, or too big), or None."""
-    try:
-        info = os.stat(path)
-    except OSError as e:
-        return ("log-parse", f"cannot read the file: {e.strerror or e}", "make it a readable file")
-    if not stat.S_ISREG(info.st_mode):
-        return ("log-parse", "not a regular file", "replace it with the text log of the run")
-    if info.st_size > MAX_RESULT_BYTES:
-        size = f"{info.st_size / 2**20:.0f} MiB"
-        limit = f"{MAX_RESULT_BYTES // 2**20} MiB"
+    """Why `path` must not be read (not a regular file, or too big), or None: `safe_read`'s answer
+    under the checker's rules and fixes."""
+    found = safe_read.refusal(path, MAX_RESULT_BYTES, what="a result log")
+    if found is None:
+        return None
+    if found.kind == "too-big":
         return (
             "file-size",
-            f"{size}, more than the {limit} a result log may have; not read",
+            f"{found.reason}; not read",
             "keep only the :::MLLOG lines of rank 0 in the result file",
         )
-    return None
+    fix = (
+        "replace it with the text log of the run" if found.kind == "not-a-file" else "make it a readable file"
+    )
+    return ("log-parse", found.reason, fix)
 
 
 def analyse_log(path: str, ruleset: str) -> LogAnalysis:

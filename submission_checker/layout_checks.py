@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlhpc.common import safe_read
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import (
     OWN_RESULT_COUNTS,
@@ -101,15 +102,7 @@ class SystemDesc:
 
 def link_out(path: Path, root: Path) -> str | None:
     """Why `path` must not be followed (a link out of `root`, or a loop), or None."""
-    if not path.is_symlink():
-        return None
-    try:
-        target = path.resolve()
-    except (OSError, RuntimeError):
-        return "is a symbolic link loop"
-    if target == root or root in target.parents:
-        return None
-    return f"is a symbolic link to {target}, outside the submission"
+    return safe_read.link_out(path, root, outside="the submission")
 
 
 def _symlink_finding(path: Path, why: str) -> Finding:

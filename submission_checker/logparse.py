@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlhpc.common import safe_read
 from mlhpc.common.log_keys import ACHIEVED_FLOPS, VALID_FLOPS
 
 from .rcp import RcpRead, RcpReader
@@ -187,14 +188,15 @@ def _number(value: Any) -> float | None:
 
 
 def parse_log(path: Path | str) -> RunLog:
-    """Parse `path`; bad lines become `parse_errors`, an unreadable file raises OSError."""
+    """Parse `path`; bad lines become `parse_errors`; an unreadable file, or one that is not a regular
+    file, raises OSError (`safe_read.RefusedFile`)."""
     mllog_lines: list[int] = []
     errors: list[tuple[int, str]] = []
     binary = False
     long_line: tuple[int, int] | None = None
     state = _Collector()
     rcp = RcpReader()
-    with open(path, encoding="latin-1") as handle:
+    with safe_read.open_text(path) as handle:
         for number, text in enumerate(handle, start=1):
             binary = binary or "\x00" in text
             if TOKEN not in text:
@@ -245,7 +247,7 @@ def sniff_log(path: Path | str) -> LogSniff:
     benchmark: str | None = None
     staging = False
     try:
-        with open(path, encoding="latin-1") as handle:
+        with safe_read.open_text(path) as handle:
             read = 0
             for text in handle:
                 read += len(text)
@@ -272,7 +274,7 @@ def sniff_log(path: Path | str) -> LogSniff:
 def find_line(path: Path | str, text: str) -> int | None:
     """1-based line of the first line in `path` whose `:::MLLOG` part equals `text`, or None."""
     text = text.strip()
-    with open(path, encoding="latin-1") as handle:
+    with safe_read.open_text(path) as handle:
         for number, line in enumerate(handle, start=1):
             if TOKEN in line and line[line.rindex(TOKEN) :].strip() == text:
                 return number
