@@ -5,10 +5,13 @@ Every rank runs this; rank 0 alone writes the submission directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -19,7 +22,7 @@ from mlhpc import __version__
 from mlhpc.common import registry
 from mlhpc.common.config import load_config, to_dict
 from mlhpc.common.distributed import DistContext
-from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError, TrainingError
+from mlhpc.common.errors import ConfigError, DataError, MlhpcError, SubmissionError, TrainingError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.layout import (
     Scaling,
@@ -29,15 +32,20 @@ from mlhpc.common.layout import (
     results_dir,
     system_json_path,
 )
+from mlhpc.common.locks import folder_lock
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
 from mlhpc.resume import finished_runs, resumed_first_seed
 from mlhpc.staging import CallbackComm, Communicator, build_manifest, resolve_local_dir, stage_dataset
 from mlhpc.staging.comm import mpi_available
+from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_stale_stage_dirs
 from mlhpc.staging.manifest import MANIFEST_NAME
-from mlhpc.system_desc import default_system_name, describe_system
+from mlhpc.system_desc import default_system_name, describe_system, merge_system_json
 
 DATASET_COMPLETE = ".mlhpc_generated"
+DATASET_GENERATING = ".mlhpc_generating"
+"""Written into <out>/datasets/<name>/ before mlhpc generates anything there, so that a folder
+holding it (and not DATASET_COMPLETE) provably is a generation mlhpc started and did not finish."""
 T = TypeVar("T")
 
 
@@ -103,11 +111,36 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     group = ctx.split(opts.instances) if weak else ctx
     cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
     system = opts.system or default_system_name(ctx)
-    org_dir = Path(opts.out) / opts.submitter
     scaling: Scaling = "weak" if weak else "strong"
     seeds = campaign_seeds(opts, ctx, count=opts.instances if weak else opts.seeds)
-    plan = on_main(ctx, lambda: plan_runs(org_dir, system, scaling, bench.name, seeds, cfg, opts))
+    with holding_out(ctx, Path(opts.out), f"mlhpc run {bench.name}{' --resume' if opts.resume else ''}"):
+        return _run_locked(opts, ctx, bench, cfg, group, system, scaling, seeds)
 
+
+def _run_locked(
+    opts: RunOptions,
+    ctx: DistContext,
+    bench: registry.Benchmark,
+    cfg: Any,
+    group: DistContext,
+    system: str,
+    scaling: Scaling,
+    seeds: list[int],
+) -> CampaignResult:
+    """The campaign, while rank 0 holds --out's lock."""
+    weak = scaling == "weak"
+    org_dir = Path(opts.out) / opts.submitter
+
+    def plan_and_check() -> RunPlan:
+        plan = plan_runs(org_dir, system, scaling, bench.name, seeds, cfg, opts)
+        run_fields = {"submitter": opts.submitter, "division": opts.division, "status": opts.status}
+        merge_system_json(system_json_path(org_dir, system), {**run_fields, "system_name": system})
+        return plan
+
+    plan = on_main(ctx, plan_and_check)  # a conflicting systems JSON is refused before any work
+    local_root = resolve_local_dir(opts.local_dir)
+    if ctx.local_rank == 0:  # each node's own local dir
+        remove_stale_stage_dirs(local_root)
     data_dir = opts.data if opts.data is not None else ensure_synthetic_data(bench, cfg, opts, ctx)
 
     def validate_and_describe() -> None:
@@ -132,7 +165,7 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
         submission,
         ctx=group,
         comm=staging_comm(group),
-        local_root=resolve_local_dir(opts.local_dir),
+        local_root=local_root,
     )
     if weak:
         instance = group.instance or 0
@@ -172,12 +205,16 @@ class _SeedRunner:
     def run(self, index: int, seed: int) -> tuple[int, RunResult, Path | None]:
         ctx, comm = self.ctx, self.comm
         path = result_file(self.org_dir, self.system, self.scaling, self.bench.name, index)
-        stage_dir = (
-            self.local_root / f"mlhpc-stage-{self.bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
-        )
+        # The owner's folder holds its marker and, in data/, the staged copy (which staging finds empty).
+        owned = self.local_root / f"{STAGE_PREFIX}{self.bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
+        stage_dir = owned / "data"
         metadata = {"instance": ctx.instance} if ctx.instance is not None else None
         log = MLLog(path, enabled=ctx.is_main, metadata=metadata)
         try:
+            # If the claim fails, staging meets the same error and tells every rank; this rank cannot.
+            with suppress(OSError):
+                if ctx.local_rank == 0:
+                    claim_stage_dir(owned, self.opts.out)
             result = train_to_target(
                 self.bench,
                 self.cfg,
@@ -195,7 +232,7 @@ class _SeedRunner:
         finally:
             ctx.node_barrier()
             if ctx.local_rank == 0:
-                shutil.rmtree(stage_dir, ignore_errors=True)
+                shutil.rmtree(owned, ignore_errors=True)
         written = log.close()
         if ctx.is_main and result.breakdown is not None:
             where = breakdown_file(self.org_dir, self.system, self.scaling, self.bench.name, index)
@@ -229,7 +266,8 @@ def plan_runs(
             "that campaign, a new --out, or move the earlier results away"
         )
     _check_same_config(org_dir, benchmark, cfg)
-    for leftover in folder.glob(".result_*.tmp"):  # a run killed before it could clean up
+    # A killed run's half-written logs; only ours to delete because the caller holds --out's lock.
+    for leftover in folder.glob(".result_*.tmp"):
         leftover.unlink(missing_ok=True)
     finished = finished_runs(folder.glob("result_*.txt"))
     first = resumed_first_seed(finished, len(seeds), opts.first_seed, folder)
@@ -249,25 +287,60 @@ def _check_same_config(org_dir: Path, benchmark: str, cfg: Any) -> None:
 
 
 def ensure_synthetic_data(bench: registry.Benchmark, cfg: Any, opts: RunOptions, ctx: DistContext) -> Path:
-    """Generate the benchmark's synthetic dataset once under <out>/datasets/, reusing a complete one."""
+    """The benchmark's synthetic dataset in <out>/datasets/<benchmark>-<config>/, generated once.
+
+    mlhpc deletes only what it can prove it wrote. What the folder holds decides:
+    DATASET_COMPLETE: a dataset mlhpc finished, reused. DATASET_GENERATING alone: a generation
+    mlhpc started and did not finish, removed and made again. Nothing (or no folder): generated,
+    DATASET_GENERATING first and DATASET_COMPLETE last. Anything else is someone else's (a user's,
+    or `mlhpc generate`'s): refused, never deleted; pass it as --data or move it away.
+    Rank 0 does it, holding --out's lock; its error reaches every rank."""
     data_dir = Path(opts.out) / "datasets" / f"{bench.name}-{Path(opts.config).stem}"
-    if ctx.is_main and not (data_dir / DATASET_COMPLETE).is_file():
-        shutil.rmtree(data_dir, ignore_errors=True)
+
+    def generate() -> None:
+        if (data_dir / DATASET_COMPLETE).is_file():
+            return
+        if (data_dir / DATASET_GENERATING).is_file() and not data_dir.is_symlink():
+            try:
+                shutil.rmtree(data_dir)
+            except OSError as e:
+                raise DataError(
+                    f"cannot remove the unfinished dataset {data_dir} ({e}); remove it by hand"
+                ) from e
+        elif _holds_anything(data_dir):
+            raise DataError(
+                f"{data_dir} holds files mlhpc did not generate; pass --data {data_dir} to train on them, "
+                "or move it away so that mlhpc generates a dataset there"
+            )
+        data_dir.mkdir(parents=True, exist_ok=True)
+        stamp = f"mlhpc {__version__} pid {os.getpid()} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
+        atomic_write_text(data_dir / DATASET_GENERATING, f"being generated by {stamp}")
         bench.generate(cfg, data_dir)
         build_manifest(data_dir).write(data_dir / MANIFEST_NAME)
-        atomic_write_text(data_dir / DATASET_COMPLETE, f"generated by mlhpc {__version__}\n")
-    ctx.barrier()
+        atomic_write_text(data_dir / DATASET_COMPLETE, f"generated by {stamp}")
+        (data_dir / DATASET_GENERATING).unlink()
+
+    on_main(ctx, generate)
     return data_dir
+
+
+def _holds_anything(folder: Path) -> bool:
+    """Anything at `folder` but an empty real folder (a link, a file, a folder with content)."""
+    return folder.is_symlink() or (folder.exists() and (not folder.is_dir() or any(folder.iterdir())))
 
 
 def write_submission_files(
     org_dir: Path, system: str, benchmark: str, cfg: Any, opts: RunOptions, ctx: DistContext
 ) -> None:
-    """systems/<system>.json and the implementation folder with the resolved config."""
+    """systems/<system>.json (merged into the one there: see merge_system_json) and the
+    implementation folder with the resolved config."""
     description = describe_system(
         ctx, submitter=opts.submitter, division=opts.division, status=opts.status, system=system
     )
-    atomic_write_json(system_json_path(org_dir, system), description)
+    path = system_json_path(org_dir, system)
+    merged = merge_system_json(path, description)
+    if not path.is_file() or merged != json.loads(path.read_text(encoding="utf-8")):
+        atomic_write_json(path, merged)
     impl = implementation_dir(org_dir, benchmark, "mlhpc-pytorch")
     atomic_write_text(impl / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(
@@ -304,6 +377,19 @@ def on_main(ctx: DistContext, work: Callable[[], T]) -> T:
     if not succeeded:
         raise value
     return value
+
+
+@contextmanager
+def holding_out(ctx: DistContext, out: Path, what: str) -> Iterator[None]:
+    """Rank 0 holds `out`'s lock (results, datasets, breakdowns: all a campaign writes) for the
+    block; a second campaign into `out` is refused on every rank before it deletes, generates or
+    trains anything."""
+    with ExitStack() as held:
+        on_main(
+            ctx,
+            lambda: held.enter_context(folder_lock(out, what, "wait for it to end, or pass another --out")),
+        )
+        yield
 
 
 def staging_comm(ctx: DistContext) -> Communicator:

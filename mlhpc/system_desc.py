@@ -1,14 +1,26 @@
-"""The systems/<system>.json a submission carries, filled in from this machine."""
+"""The systems/<system>.json a submission carries, filled in from this machine and merged into
+the one already there."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from mlhpc.common.distributed import DistContext
+from mlhpc.common.errors import SubmissionError
+
+# The fields a run's logs and results depend on: an existing file must agree with the run.
+RUN_FIELDS: dict[str, str] = {
+    "submitter": "--submitter",
+    "division": "--division",
+    "status": "--status",
+    "system_name": "--system",
+}
 
 
 def default_system_name(ctx: DistContext) -> str:
@@ -38,6 +50,32 @@ def describe_system(
         "hw_notes": "",
         "sw_notes": f"mlhpc; launcher {ctx.launcher}; backend {ctx.backend}",
     }
+
+
+def merge_system_json(path: Path, description: dict[str, Any]) -> dict[str, Any]:
+    """The JSON at `path` (if any) with `description`'s missing fields added. Every field already
+    there is kept: hand-added ones, and measured ones such as `framework` that a user may have
+    corrected (or an earlier run wrote), so a run never overwrites them. A RUN_FIELDS value that
+    differs from the run's is a SubmissionError naming the file, the field, both values and the fix."""
+    if not path.is_file():
+        return dict(description)
+    try:
+        existing = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SubmissionError(f"cannot read {path} ({e}); fix it or move it away") from e
+    if not isinstance(existing, dict):
+        raise SubmissionError(f"{path} is not a JSON object of system fields; fix it or move it away")
+    for name, flag in RUN_FIELDS.items():
+        if name in existing and name in description and existing[name] != description[name]:
+            fix = (
+                f"pass {flag} {existing[name]}, or another --system or --out"
+                if name != "system_name"
+                else "make it the file's name, or pass another --system"
+            )
+            raise SubmissionError(
+                f"{path} has {name}={existing[name]!r} but this run's is {description[name]!r}; {fix}"
+            )
+    return {**existing, **{k: v for k, v in description.items() if k not in existing}}
 
 
 def _cpu_model() -> str:
