@@ -1,21 +1,47 @@
-"""Write-then-rename helpers: a reader never sees a half-written file."""
+"""Write-then-rename helpers: a reader never sees a half-written file.
+
+What mlhpc writes for others to read (manifests, logs, system descriptions) gets the permission
+bits a plain `open(path, "w")` would give, `0o666 & ~umask`, not `mkstemp`'s private 0600.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
+_umask_lock = threading.Lock()
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (/proc/self/status,
+    since 4.7): setting it to read it back is process-wide, and a thread creating a file in
+    between would get the wrong mode."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:  # narrows the window among our own threads; no other way to read it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write `data` to a temporary file beside `path`, fsync it, then rename it onto `path`."""
+    """Write `data` to a temporary file beside `path`, fsync it, then rename it onto `path`
+    (mode `0o666 & ~umask`, like any file the user creates)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

@@ -36,6 +36,9 @@ class SinkOptions:
     """Write with O_DIRECT (where `direct_writes_pay`)."""
     decompress: bool = False
     """Decompress `.gz`/`.zst` files; the staged file drops the suffix."""
+    umask: int | None = None
+    """The umask staging runs under (None: unknown). A staged file keeps its source's mode; only
+    when the umask strips some of its bits does that take a `fchmod` more."""
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,29 @@ class BufferPool:
             self._free.setdefault(len(buffer), []).append(buffer)
 
 
-class FileSink:
-    """One destination file for one source entry; `write` input bytes, then `finish` or `abort`."""
+FILE_MODE_BITS = 0o777
+"""The bits a staged file takes from its source: no setuid, setgid or sticky bit (as tarfile's
+`data_filter` does), which a copy on a shared node-local disk must not carry."""
+DEFAULT_FILE_MODE = 0o644
+"""A staged file's mode when its source's is not known (before the umask)."""
 
-    def __init__(self, dest_root: str, source: FileEntry, options: SinkOptions, buffer: mmap.mmap) -> None:
+
+class FileSink:
+    """One destination file for one source entry; `write` input bytes, then `finish` or `abort`.
+
+    `mode`: the source's permission bits, which the copy keeps (less setuid, setgid, sticky)."""
+
+    def __init__(
+        self,
+        dest_root: str,
+        source: FileEntry,
+        options: SinkOptions,
+        buffer: mmap.mmap,
+        mode: int | None = None,
+    ) -> None:
         self.source = source
+        self.mode = None if mode is None else mode & FILE_MODE_BITS
+        self._umask = options.umask
         self.path = staged_path(source.path, options)
         self.target = os.path.join(dest_root, self.path)
         self.tmp = os.path.join(dest_root, partial_name(self.path))
@@ -115,12 +136,13 @@ class FileSink:
 
     def _open(self) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        mode = DEFAULT_FILE_MODE if self.mode is None else self.mode
         try:
             try:
-                return os.open(self.tmp, flags | (os.O_DIRECT if self._direct else 0), 0o644)
+                return os.open(self.tmp, flags | (os.O_DIRECT if self._direct else 0), mode)
             except FileNotFoundError:
                 os.makedirs(os.path.dirname(self.tmp), exist_ok=True)
-                return os.open(self.tmp, flags | (os.O_DIRECT if self._direct else 0), 0o644)
+                return os.open(self.tmp, flags | (os.O_DIRECT if self._direct else 0), mode)
         except OSError as e:
             raise write_error(e, self.target) from e
 
@@ -198,11 +220,13 @@ class FileSink:
             self._flush()
             if self._direct and self._flushed % ALIGN:
                 os.ftruncate(self._fd, self._flushed)
+            if self.mode is not None and (self._umask is None or self.mode & self._umask):
+                os.fchmod(self._fd, self.mode)  # the umask took bits the source has
+            fd, self._fd = self._fd, -1
+            os.close(fd)
         except OSError as e:
             self.abort()
             raise write_error(e, self.target) from e
-        os.close(self._fd)
-        self._fd = -1
         checksum = self._in_hash.hexdigest()
         if self.received != self.source.size:
             self.abort()
@@ -216,7 +240,11 @@ class FileSink:
                 f"staged copy of {self.source.path} fails its {self._algorithm} check: the source changed "
                 f"since its {MANIFEST_NAME} was written (or was corrupted in transit); stage again"
             )
-        os.replace(self.tmp, self.target)
+        try:
+            os.replace(self.tmp, self.target)
+        except OSError as e:  # not the source's fault: say so (another writer took the partial?)
+            self.abort()
+            raise write_error(e, self.target) from e
         out = self._out_hash.hexdigest() if self._decoder else checksum
         return Staged(self.path, self._flushed, out, self.source.path, checksum)
 

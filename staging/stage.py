@@ -2,30 +2,42 @@
 
 Every rank calls `stage_dataset` at the same point. Its phases end in agreements, so an error
 on one rank stops every rank with that rank's message, and the completion marker is written
-last, by local rank 0, only when every file of its node verified.
+last, by local rank 0, only when every file of its node verified. Local rank 0 holds DEST's
+lock throughout, so a second `mlhpc stage` into the same DEST is refused at once.
+
+Permissions: a staged file keeps its source's permission bits (less setuid, setgid, sticky),
+a staged folder its source folder's (plus the owner's rwx, which a rerun needs), so a private
+dataset stays private on a shared node-local disk; the node's manifest and marker, written for
+others to read, follow the umask.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import shutil
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mlhpc.common.errors import StagingError
-from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.errors import MlhpcError, StagingError
+from mlhpc.common.fileio import atomic_write_text, current_umask
+from mlhpc.common.locks import LOCK_NAME, FolderBusy, folder_lock
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.copy import JOURNAL_PREFIX, close_journal, read_journals
 from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
+from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file, scan_dataset
 from mlhpc.staging.plan import Mode, node_files
-from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, direct_writes_pay, staged_path
+from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, direct_writes_pay, staged_path, write_error
 
 log = logging.getLogger(__name__)
 STAGED_MARKER = ".mlhpc_staged.json"
@@ -84,60 +96,131 @@ def stage_dataset(
     staged and verified already. `direct_io`: None reads large files with O_DIRECT and writes
     with it where that pays (`direct_writes_pay`); True forces O_DIRECT writes, False no O_DIRECT.
     """
+    if workers < 1 or chunk_bytes < 1 or (processes is not None and processes < 0):
+        raise StagingError(
+            f"workers={workers}, processes={processes}, chunk_bytes={chunk_bytes}: workers and "
+            "chunk_bytes must be at least 1, processes at least 0 (0 or None: automatic)"
+        )
     comm = comm or CallbackComm(local_rank, local_size, barrier)
-    topo = comm.topology
     src, dest = Path(src), Path(dest)
     started = time.perf_counter()
-    if mode == "replicate" and topo.num_nodes > 1 and not comm.collective:
-        log.warning(
-            "replicate over %d nodes needs a Communicator; every node copies the source", topo.num_nodes
-        )
-        mode = "copy"
-    manifest, trusted = _describe_source(comm, src)
-    kind = archives.archive_kind(src) if src.is_file() else None
-    mine = node_files(manifest, mode, topo) if kind is None else []
-    fresh = agree_destination(comm, dest, _needed_bytes(src, kind, manifest, mine))
-    direct_writes = direct_writes_pay(str(dest)) if direct_io is None else direct_io
-    settings = Settings(
-        mode=mode,
-        options=SinkOptions(manifest.algorithm, direct_writes, decompress),
-        direct_reads=direct_io is not False,
-        workers=workers,
-        processes=processes,
-        chunk_bytes=chunk_bytes,
-        progress=progress and comm.rank == 0,
-    )
-    error: str | None = None
-    work = Work()
-    try:
-        evidence = None if fresh else read_journals(dest)
-        if kind is not None:
-            work = stage_archive(
-                comm, src, kind, dest, manifest if trusted else None, evidence or {}, settings
+    with ExitStack() as locked:  # DEST's lock, held until the marker is written
+        lock_destination(comm, src, dest, locked)
+        topo = comm.topology
+        if mode == "replicate" and topo.num_nodes > 1 and not comm.collective:
+            log.warning(
+                "replicate over %d nodes needs a Communicator; every node copies the source", topo.num_nodes
             )
-        else:
-            work = stage_directory(comm, src, dest, manifest, evidence, settings)
-    except LostRankError:
-        raise
-    except (StagingError, OSError) as e:
-        error = str(e) if isinstance(e, StagingError) else f"cannot stage {src} to {dest}: {e}"
-    finally:
-        close_journal(str(dest))
-    totals = agree(comm, error, work.read_bytes)
-    held = finish_node(comm, src, dest, mode, manifest if kind is None else None, work, settings.options)
-    return StageReport(
-        dest=dest,
-        files=len(held.files),
-        bytes=held.total_bytes,
-        seconds=time.perf_counter() - started,
-        mode=mode,
-        copied_files=len(work.staged),
-        skipped_files=work.skipped,
-        read_bytes=work.read_bytes,
-        job_read_bytes=sum(totals),
-        node=topo.node,
-        num_nodes=topo.num_nodes,
-    )
+            mode = "copy"
+        manifest, trusted = _describe_source(comm, src)
+        kind = archives.archive_kind(src) if src.is_file() else None
+        mine = node_files(manifest, mode, topo) if kind is None else []
+        fresh = agree_destination(comm, dest, _needed_bytes(src, kind, manifest, mine))
+        direct_writes = direct_writes_pay(str(dest)) if direct_io is None else direct_io
+        settings = Settings(
+            mode=mode,
+            options=SinkOptions(manifest.algorithm, direct_writes, decompress, umask=current_umask()),
+            direct_reads=direct_io is not False,
+            workers=workers,
+            processes=processes,
+            chunk_bytes=chunk_bytes,
+            progress=progress and comm.rank == 0,
+        )
+        error: str | None = None
+        work = Work()
+        try:
+            evidence = None if fresh else read_journals(dest)
+            if kind is not None:
+                work = stage_archive(
+                    comm, src, kind, dest, manifest if trusted else None, evidence or {}, settings
+                )
+            else:
+                work = stage_directory(comm, src, dest, manifest, evidence, settings)
+        except LostRankError:
+            raise
+        except (StagingError, OSError) as e:
+            error = str(e) if isinstance(e, StagingError) else f"cannot stage {src} to {dest}: {e}"
+        finally:
+            try:
+                close_journal(str(dest))
+            except StagingError as e:  # also when interrupted: the interruption goes on up, not this
+                error = error or str(e)
+        totals = agree(comm, error, work.read_bytes)
+        held = finish_node(comm, src, dest, mode, manifest if kind is None else None, work, settings.options)
+        return StageReport(
+            dest=dest,
+            files=len(held.files),
+            bytes=held.total_bytes,
+            seconds=time.perf_counter() - started,
+            mode=mode,
+            copied_files=len(work.staged),
+            skipped_files=work.skipped,
+            read_bytes=work.read_bytes,
+            job_read_bytes=sum(totals),
+            node=topo.node,
+            num_nodes=topo.num_nodes,
+        )
+
+
+def lock_destination(comm: Communicator, src: Path, dest: Path, held: ExitStack) -> None:
+    """Local rank 0 of each node makes DEST and takes its lock for as long as `held` lasts (DEST
+    is node-local: one lock a node); every rank learns of a refusal, which names the holder.
+
+    A DEST that staging makes gets a directory source's permission bits."""
+    error = None
+    if comm.topology.local_rank == 0:
+        try:
+            created = not dest.exists()
+            dest.mkdir(parents=True, exist_ok=True)
+            held.enter_context(
+                folder_lock(
+                    dest, f"mlhpc stage {src}", "wait for it to finish, or stage to another directory"
+                )
+            )
+            if created and src.is_dir():
+                os.chmod(dest, folder_mode(src))
+        except FolderBusy as e:
+            error = str(e)
+        except MlhpcError as e:  # the lock file could not be made: say why in staging's terms
+            error = str(destination_error(e.__cause__, dest) if isinstance(e.__cause__, OSError) else e)
+        except OSError as e:
+            error = str(destination_error(e, dest))
+    agree(comm, error)
+
+
+def destination_error(e: OSError, dest: Path) -> StagingError:
+    """A destination that cannot be made or written, as one line naming it and the fix."""
+    where = e.filename or dest
+    fix = f"pass a writable node-local directory as DEST (mlhpc run: --local-dir or {LOCAL_DIR_VARIABLE})"
+    if e.errno == errno.ENOSPC:
+        return write_error(e, str(where))
+    if e.errno == errno.EROFS:
+        return StagingError(f"staging destination {where} is on a read-only file system; {fix}")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return StagingError(f"staging destination {where}: permission denied; make it writable or {fix}")
+    if e.errno == errno.EEXIST:
+        return StagingError(f"staging destination {where} is a file, not a directory; {fix}")
+    if e.errno == errno.ENOTDIR:
+        return StagingError(f"staging destination {where}: a folder in that path is a file; {fix}")
+    return StagingError(f"staging destination {where}: {e.strerror or e}; {fix}")
+
+
+def folder_mode(src_folder: Path) -> int:
+    """A staged folder's mode: its source's permission bits and the owner's rwx (a rerun writes
+    there; a read-only source folder must not make the copy unrepairable)."""
+    return stat.S_IMODE(src_folder.stat().st_mode) & 0o777 | 0o700
+
+
+def keep_folder_modes(src: Path, dest: Path, paths: Iterable[str]) -> None:
+    """Give the folders of the staged `paths` their source folders' modes (a stat of each folder
+    of the source, not of each file)."""
+    folders = {str(parent) for p in paths for parent in PurePosixPath(p).parents} - {"."}
+    for folder in sorted(folders):
+        try:
+            mode = folder_mode(src / folder)
+        except FileNotFoundError:
+            continue  # a folder the source no longer has: the umask's default stays
+        os.chmod(dest / folder, mode)
 
 
 def _describe_source(comm: Communicator, src: Path) -> tuple[Manifest, bool]:
@@ -160,6 +243,15 @@ def _describe_source(comm: Communicator, src: Path) -> tuple[Manifest, bool]:
 
 def read_source(src: Path) -> tuple[Manifest, bool]:
     """A directory's manifest (or its listing) or an archive's manifest (or an empty one)."""
+    try:
+        return _read_source(src)
+    except OSError as e:
+        raise StagingError(
+            f"cannot read staging source {e.filename or src} ({e.strerror or e}); check it and its permissions"
+        ) from e
+
+
+def _read_source(src: Path) -> tuple[Manifest, bool]:
     if src.is_dir():
         if (src / MANIFEST_NAME).is_file():
             return Manifest.read(src / MANIFEST_NAME), True
@@ -192,6 +284,8 @@ def agree_destination(comm: Communicator, dest: Path, needed: int) -> bool:
             fresh = prepare_destination(dest, needed)
         except StagingError as e:
             error = str(e)
+        except OSError as e:
+            error = str(destination_error(e, dest))
     values = agree(comm, error, [topo.node, topo.local_rank, str(dest.absolute()), fresh])
     leaders = {node: (path, was_fresh) for node, local, path, was_fresh in values if local == 0}
     for rank, (node, _, path, _) in enumerate(values):
@@ -205,7 +299,7 @@ def agree_destination(comm: Communicator, dest: Path, needed: int) -> bool:
 
 
 def prepare_destination(dest: Path, needed: int) -> bool:
-    fresh = not dest.exists() or not any(dest.iterdir())
+    fresh = not dest.exists() or all(p.name == LOCK_NAME for p in dest.iterdir())
     dest.mkdir(parents=True, exist_ok=True)
     (dest / STAGED_MARKER).unlink(missing_ok=True)
     if not fresh:
@@ -235,9 +329,13 @@ def finish_node(
     if topo.local_rank == 0:
         try:
             held = _node_manifest(dest, manifest, mode, topo, work, options)
+            if manifest is not None:
+                keep_folder_modes(src, dest, (f.path for f in held.files))
             held.write(dest / MANIFEST_NAME)
         except StagingError as e:
             error = str(e)
+        except OSError as e:
+            error = str(write_error(e, str(dest / MANIFEST_NAME)) if e.errno == errno.ENOSPC else e)
     digests = agree(comm, error, [topo.node, held.digest() if held else None])
     if mode == "replicate" and comm.collective:
         first = {digest: node for node, digest in reversed(digests) if digest}
@@ -247,12 +345,15 @@ def finish_node(
                 f"the copies on nodes {nodes[0]} and {nodes[1]} differ (manifest digests); stage again"
             )
     if held is not None:
-        for journal in dest.glob(f"{JOURNAL_PREFIX}*"):
-            journal.unlink(missing_ok=True)
-        marker = {"source": str(src.absolute()), "mode": mode, "node": topo.node, "nodes": topo.num_nodes}
-        marker |= {"files": len(held.files), "bytes": held.total_bytes}
-        atomic_write_text(dest / STAGED_MARKER, json.dumps(marker) + "\n")
-    comm.barrier()
+        try:
+            for journal in dest.glob(f"{JOURNAL_PREFIX}*"):
+                journal.unlink(missing_ok=True)
+            marker = {"source": str(src.absolute()), "mode": mode, "node": topo.node, "nodes": topo.num_nodes}
+            marker |= {"files": len(held.files), "bytes": held.total_bytes}
+            atomic_write_text(dest / STAGED_MARKER, json.dumps(marker) + "\n")
+        except OSError as e:
+            error = str(write_error(e, str(dest / STAGED_MARKER)))
+    agree(comm, error)  # a barrier that also tells every rank if a marker could not be written
     if held is None and (dest / MANIFEST_NAME).is_file():
         held = Manifest.read(dest / MANIFEST_NAME)
     return held or Manifest(options.algorithm, tuple(node_files(manifest, mode, topo)) if manifest else ())
@@ -286,7 +387,11 @@ def verify_staged(dest: Path, workers: int = 8) -> int:
 
     def check(entry: FileEntry) -> None:
         path = dest / entry.path
-        if not path.is_file() or path.stat().st_size != entry.size:
+        try:
+            size = path.stat().st_size if path.is_file() else -1
+        except OSError:  # a rerun of the staging is replacing it
+            size = -1
+        if size != entry.size:
             raise StagingError(f"staged file {path} is missing or has the wrong size; stage again")
         if hash_file(path, manifest.algorithm) != entry.checksum:
             raise StagingError(f"staged file {path} is corrupt ({manifest.algorithm} mismatch); stage again")

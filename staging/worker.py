@@ -2,11 +2,20 @@
 
 Plain subprocesses rather than multiprocessing: they do not re-run the caller's main module
 and do not fork a process that holds torch or MPI threads.
+
+Stopping: the workers run in their own process group, so a Ctrl-C at the terminal reaches the
+parent only; the parent terminates them when it is interrupted, and the kernel kills them when
+the parent dies (SIGKILL included), so no worker prints a traceback or writes on behind a rerun.
+A file a worker was writing stays as a `.mlhpc-partial`, which the rerun removes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -45,21 +54,17 @@ def copy_in_processes(
     processes: int,
     on_done: Callable[[list[Staged]], None],
 ) -> list[Staged]:
-    """Copy `entries` with `processes` worker processes of `job.threads` threads each."""
+    """Copy `entries` with `processes` worker processes of `job.threads` threads each.
+
+    The workers are started from the calling thread, which outlives them: the kernel's
+    parent-death signal is tied to the thread that started a process, not to the process."""
     todo = batches(entries)
     lock = threading.Lock()
     done: list[Staged] = []
     errors: list[str] = []
     setup = json.dumps({**asdict(job), "options": asdict(job.options)})
 
-    def drive() -> None:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "mlhpc.staging.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+    def drive(worker: subprocess.Popen[str]) -> None:
         assert worker.stdin is not None and worker.stdout is not None
         try:
             worker.stdin.write(setup + "\n")
@@ -77,23 +82,76 @@ def copy_in_processes(
                     staged = [Staged(*fields) for fields in reply["staged"]]
                     done.extend(staged)
                 on_done(staged)
+        except (OSError, ValueError):  # its pipe broke: it died (or was stopped)
+            with lock:
+                errors.append("a copy worker process died; rerun to resume")
         finally:
-            worker.stdin.close()
+            with contextlib.suppress(OSError):
+                worker.stdin.close()
             worker.wait()
 
-    threads = [threading.Thread(target=drive, daemon=True) for _ in range(min(processes, len(todo)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(min(processes, len(todo))):
+            workers.append(_start_worker())
+        threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): stop the workers, quietly, then go on up
+        with lock:
+            todo.clear()
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                worker.kill()
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                worker.wait(timeout=10)
+        raise
     if errors:
         raise StagingError(errors[0])
     return done
 
 
+def _start_worker() -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlhpc.staging.worker", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        process_group=0,  # a terminal's Ctrl-C goes to the parent alone, which stops the workers
+    )
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this worker when the thread that started it ends (Linux); exit now if
+    the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def main() -> None:
     """The worker: read the job, then for each batch line copy it and answer one line."""
-    setup = json.loads(sys.stdin.readline())
+    if len(sys.argv) > 1:
+        _die_with_parent(int(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a worker stops
+    try:
+        _serve()
+    except (BrokenPipeError, KeyboardInterrupt):  # the parent is gone or stopping: nothing to report
+        os._exit(1)
+
+
+def _serve() -> None:
+    line = sys.stdin.readline()
+    if not line:
+        return  # the parent went before it sent the job
+    setup = json.loads(line)
     job = CopyJob(**{**setup, "options": SinkOptions(**setup["options"])})
     with ThreadPoolExecutor(max_workers=max(1, job.threads)) as pool:
         for line in sys.stdin:
@@ -102,10 +160,11 @@ def main() -> None:
                 staged = list(pool.map(lambda entry: copy_file(job, entry), entries))
                 journal(job.dest_root).flush()  # journaled before reported: a reply is a promise
                 reply = {"staged": [list(asdict(s).values()) for s in staged]}
-            except StagingError as e:
+            except (StagingError, OSError) as e:
                 reply = {"error": str(e)}
             print(json.dumps(reply), flush=True)
-    close_journal(job.dest_root)
+    with contextlib.suppress(StagingError):  # every batch was flushed before its reply
+        close_journal(job.dest_root)
 
 
 if __name__ == "__main__":
