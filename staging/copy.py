@@ -84,9 +84,9 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
     Large files are also read with O_DIRECT where the source allows it: no page-cache pages to
     allocate and fill, which is most of the CPU cost of a buffered copy. A file smaller than a
     block is read whole into a buffer one byte larger, so that the read itself shows whether the
-    file still has its listed size: no `fstat`, no read-ahead hint, no read to find the end.
-    With many small files these system calls are most of the work, and each one costs a
-    hand-over of the GIL among the worker threads.
+    file still has its listed size: no read-ahead hint, no read to find the end. With many small
+    files these system calls are most of the work, and each one costs a hand-over of the GIL
+    among the worker threads; the one `fstat` left gives the mode the copy keeps.
     """
     source = os.path.join(job.src_root, entry.path)
     whole = entry.size < BUFFER_BYTES
@@ -95,12 +95,13 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
     buffer = _pool.get(entry.size + 1 if whole else BUFFER_BYTES)
     sink: FileSink | None = None
     try:
-        if not whole and (size := os.fstat(fd).st_size) != entry.size:
+        info = os.fstat(fd)
+        if not whole and info.st_size != entry.size:
             raise StagingError(
-                f"staging source file {source} has {size} bytes, its listing says {entry.size}; "
+                f"staging source file {source} has {info.st_size} bytes, its listing says {entry.size}; "
                 f"the source changed: regenerate its {MANIFEST_NAME} or stage again"
             )
-        sink = FileSink(job.dest_root, entry, job.options, buffer)
+        sink = FileSink(job.dest_root, entry, job.options, buffer, mode=info.st_mode)
         while sink.path != entry.path and (data := os.read(fd, BUFFER_BYTES)):
             sink.write(data)
         if direct and job.read_ahead > 1:
@@ -223,7 +224,10 @@ class Journal:
     def __init__(self, dest_root: str) -> None:
         self.path = os.path.join(dest_root, f"{JOURNAL_PREFIX}{os.getpid()}.jsonl")
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        self._fd = os.open(self.path, flags, 0o644)
+        try:
+            self._fd = os.open(self.path, flags, 0o644)
+        except OSError as e:  # a destination's fault, not the source file's that was being copied
+            raise write_error(e, self.path) from e
         self._lines: list[str] = []
         self._first_at = 0.0
         self._lock = threading.Lock()
