@@ -240,6 +240,10 @@ def _stage(args: argparse.Namespace) -> int:
     from mlhpc.staging import MANIFEST_NAME, build_manifest, make_comm, stage_dataset, verify_staged
     from mlhpc.staging.archive import archive_kind, build_archive_manifest, sidecar_manifest
 
+    counts = {"--workers": args.workers, "--processes": args.processes, "--chunk-mib": args.chunk_mib}
+    for flag, value in counts.items():
+        if value is not None and value < 1:  # refused before any work, not met deep in a pool
+            raise ConfigError(f"mlhpc stage {flag} {value}: it must be at least 1; pass {flag} 1 or more")
     if args.make_manifest:
         if archive_kind(args.src) is not None:
             build_archive_manifest(args.src).write(written := sidecar_manifest(args.src))
