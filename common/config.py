@@ -76,6 +76,21 @@ def from_dict(config_cls: type[T], data: Mapping[str, Any], *, source: str = "co
         raise ConfigError(f"{source}: {e}") from e
 
 
+def check_at_least(name: str, value: float, minimum: float, fix: str = "") -> None:
+    """For `__post_init__`: a ValueError naming the field, its value and the fix when value < minimum
+    (also NaN). `load_config` turns it into a ConfigError."""
+    if not value >= minimum:
+        raise ValueError(
+            f"{name}={value} must be at least {minimum}; {fix or f'set {name}={minimum} or more'}"
+        )
+
+
+def check_positive(name: str, value: float, fix: str = "") -> None:
+    """For `__post_init__`: a ValueError naming the field, its value and the fix unless value > 0."""
+    if not value > 0:
+        raise ValueError(f"{name}={value} must be positive; {fix or f'set {name} above 0'}")
+
+
 def to_dict(config: Any) -> dict[str, Any]:
     """The config as plain data (tuples become lists), for YAML dumps and logs."""
     return _plain(dataclasses.asdict(config))

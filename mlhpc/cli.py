@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mlhpc import __version__
@@ -19,6 +23,36 @@ from mlhpc.staging.stage import DEFAULT_WORKERS
 RULESETS = ("1.0.0", "2.0.0", "3.0.0")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's time limit, `kill`), raised like Ctrl-C so that `finally` blocks run."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated in this process's main thread while the command runs.
+
+    Installed by `main` only: a library caller and torch's launchers keep their own handlers, and
+    a child forked meanwhile dies of SIGTERM as it would without us.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+
+    def terminate(signum: int, frame: object) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # key=value overrides may come before or after options, so collect the leftovers here.
@@ -29,14 +63,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    debug = bool(os.environ.get("MLHPC_DEBUG"))  # MLHPC_DEBUG=1: the traceback instead of one line
     try:
-        return int(args.handler(args) or 0)
+        with _sigterm_raises():
+            return int(args.handler(args) or 0)
     except MlhpcError as e:
-        print(f"mlhpc: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        return 2
+        if debug:
+            raise
+        return _error(str(e) or type(e).__name__)
+    except Terminated:
+        print("mlhpc: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("mlhpc: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+    except OSError as e:  # the last resort: whatever path a step could not read or write
+        if debug:
+            raise
+        where = f"{e.filename}: " if e.filename is not None else ""
+        return _error(f"{where}{e.strerror or e}; check that path (permissions, free space)")
+
+
+def _error(message: str) -> int:
+    line = " ".join((message.strip().splitlines() or [message])[0].split())
+    print(f"mlhpc: error: {line}", file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,11 +275,18 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str, example: str
 def _generate(args: argparse.Namespace) -> int:
     from mlhpc.common import registry
     from mlhpc.common.config import load_config
+    from mlhpc.common.writable import check_writable_dir
     from mlhpc.staging import build_manifest
     from mlhpc.staging.manifest import MANIFEST_NAME
 
+    if args.samples is not None and args.samples < 1:
+        raise ConfigError(
+            f"--samples {args.samples}: a dataset needs at least 1 training sample; pass --samples 1 "
+            "or more, or leave it out for the config's data.num_train_samples"
+        )
     bench = registry.get(args.benchmark)
     cfg = load_config(bench.config_class, bench.config_path(args.config), args.overrides)
+    check_writable_dir(args.out, "--out")
     started = time.perf_counter()
     bench.generate(cfg, args.out, num_samples=args.samples, seed=args.seed)
     build_manifest(args.out).write(args.out / MANIFEST_NAME)
@@ -291,10 +349,22 @@ def _stage_bench(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from mlhpc.common.writable import check_writable_dir, local_dir_name
+    from mlhpc.staging.localdir import resolve_local_dir
+
+    for name in ("seeds", "instances"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name} {getattr(args, name)} must be at least 1; pass --{name} 1 or more")
     if args.slurm or args.dry_run:  # submit and return: the login node needs neither torch nor data
         from mlhpc.slurm_campaign import run_slurm_campaign
 
+        if not args.dry_run:
+            check_writable_dir(args.out, "--out")
         return run_slurm_campaign(args)
+    # Up front, on every rank: a read-only --out or a MLHPC_LOCAL_DIR that is a file is one line now,
+    # not a traceback after the first seed has trained.
+    check_writable_dir(args.out, "--out")
+    check_writable_dir(resolve_local_dir(args.local_dir), local_dir_name(args.local_dir))
     from mlhpc.common.distributed import init_distributed, shutdown_distributed
     from mlhpc.common.launch import detect_launch
     from mlhpc.runner import RunOptions, run_campaign

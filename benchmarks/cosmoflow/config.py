@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from mlhpc.common.config import check_at_least, check_positive
 from mlhpc.common.loop import LoopConfig
 
 
@@ -30,6 +31,14 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.sample_size < 2:
             raise ValueError(f"data.sample_size={self.sample_size} must be at least 2")
+        for name in ("num_channels", "num_train_samples", "num_eval_samples"):
+            check_at_least(f"data.{name}", getattr(self, name), 1)
+        check_at_least(
+            "data.num_workers",
+            self.num_workers,
+            0,
+            "set data.num_workers=0 (load in the main process) or more",
+        )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -63,6 +72,10 @@ class OptimizerConfig:
     """Multiplier of the scaled LR from each boundary epoch on."""
 
     def __post_init__(self) -> None:
+        check_positive("optimizer.base_learning_rate", self.base_learning_rate)
+        check_at_least("optimizer.base_batch_size", self.base_batch_size, 1)
+        for name in ("momentum", "weight_decay", "warmup_epochs"):
+            check_at_least(f"optimizer.{name}", getattr(self, name), 0)
         if len(self.decay_boundary_epochs) != len(self.decay_factors):
             raise ValueError(
                 f"optimizer.decay_boundary_epochs has {len(self.decay_boundary_epochs)} entries but "

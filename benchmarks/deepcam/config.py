@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from mlhpc.common.config import check_at_least
 from mlhpc.common.loop import LoopConfig
 
 # Pixel frequencies of background, tropical cyclone and atmospheric river in the real training
@@ -36,8 +37,13 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         for name in ("height", "width", "num_channels", "num_train_samples", "num_eval_samples"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"data.{name}={getattr(self, name)} must be positive")
+            check_at_least(f"data.{name}", getattr(self, name), 1)
+        check_at_least(
+            "data.num_workers",
+            self.num_workers,
+            0,
+            "set data.num_workers=0 (load in the main process) or more",
+        )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -99,6 +105,8 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"optimizer.lr={self.lr} must be positive")
+        for name in ("weight_decay", "max_grad_norm", "decay_rate", "eta_min"):
+            check_at_least(f"optimizer.{name}", getattr(self, name), 0)
         if len(self.betas) != 2:
             raise ValueError(f"optimizer.betas={list(self.betas)} needs two values, e.g. [0.9, 0.999]")
         if self.warmup_steps < 0 or self.warmup_factor < 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlhpc.common.config import check_at_least, check_positive
 from mlhpc.common.loop import LoopConfig
 
 # HPC AI500 V2.0 gives n = 5 for its image classification benchmark and publishes none for
@@ -40,6 +41,14 @@ class DataConfig:
             )
         if self.num_channels < 1 or self.max_boxes < 1 or self.samples_per_file < 1:
             raise ValueError("data.num_channels, data.max_boxes and data.samples_per_file must be positive")
+        for name in ("num_train_samples", "num_eval_samples"):
+            check_at_least(f"data.{name}", getattr(self, name), 1)
+        check_at_least(
+            "data.num_workers",
+            self.num_workers,
+            0,
+            "set data.num_workers=0 (load in the main process) or more",
+        )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -97,6 +106,12 @@ class OptimizerConfig:
     """Multiplier applied at each boundary epoch (so 0.1, then 0.01)."""
     max_grad_norm: float = 0.0
     """Clip the gradient norm to this before each step; 0 turns clipping off."""
+
+    def __post_init__(self) -> None:
+        check_positive("optimizer.base_learning_rate", self.base_learning_rate)
+        check_at_least("optimizer.base_batch_size", self.base_batch_size, 1)
+        for name in ("momentum", "weight_decay", "warmup_epochs", "max_grad_norm"):
+            check_at_least(f"optimizer.{name}", getattr(self, name), 0)
 
 
 @dataclass(kw_only=True, frozen=True)
