@@ -7,16 +7,19 @@ without one, checksums are computed from the extracted bytes.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import io
 import json
 import logging
 import os
 import posixpath
 import queue
+import stat
 import tarfile
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -24,9 +27,10 @@ from typing import IO, Any
 import xxhash
 
 from mlhpc.common.errors import StagingError
+from mlhpc.common.safepath import inside, landing, link_target, relative_path
 from mlhpc.staging.copy import already_staged, journal
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
-from mlhpc.staging.sink import BUFFER_BYTES, BufferPool, FileSink, SinkOptions, Staged
+from mlhpc.staging.sink import BUFFER_BYTES, PARTIAL_SUFFIX, BufferPool, FileSink, SinkOptions, Staged
 
 log = logging.getLogger(__name__)
 ARCHIVE_KINDS = {".tar": "tar", ".tar.gz": "gz", ".tgz": "gz", ".tar.zst": "zst", ".tzst": "zst"}
@@ -55,51 +59,224 @@ def estimated_bytes(path: Path, kind: str, manifest: Manifest | None) -> int:
         import zstandard
 
         with open(path, "rb") as handle:
-            content = zstandard.frame_content_size(handle.read(18))
+            try:
+                content = zstandard.frame_content_size(handle.read(18))
+            except zstandard.ZstdError:
+                content = -1  # not a zstd frame: extraction names what is wrong with it
         if content > 0:
             return content
     return size  # a lower bound for a compressed archive; a full disk is still caught while writing
 
 
-def tar_stream(raw: IO[bytes], kind: str) -> tarfile.TarFile:
-    """A streaming TarFile over the raw archive bytes (no seeking: it also reads from a pipe)."""
-    if kind == "zst":
-        import zstandard
-
-        raw = zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20, read_across_frames=True)
-        return tarfile.open(fileobj=raw, mode="r|", bufsize=1 << 20)
-    return tarfile.open(fileobj=raw, mode="r|gz" if kind == "gz" else "r|", bufsize=1 << 20)
+KIND_NAMES = {"tar": "tar", "gz": "tar.gz", "zst": "tar.zst"}
 
 
-def safe_name(member: tarfile.TarInfo, archive: Path) -> str | None:
-    """The member's path inside DEST, or None for the root; refuses anything that leaves DEST."""
-    name = member.name.replace("\\", "/")
-    where = f"{archive}: member {member.name!r}"
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise StagingError(f"{where} has an absolute path; refused: rebuild the archive with relative paths")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise StagingError(f"{where} climbs out with '..'; refused: rebuild the archive without it")
-    if member.issym() or member.islnk():
-        target = member.linkname.replace("\\", "/")
-        base = posixpath.dirname("/".join(parts)) if member.issym() else ""
-        resolved = posixpath.normpath(posixpath.join(base, target))
-        if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
-            raise StagingError(
-                f"{where} links to {member.linkname!r}, outside DEST; refused: rebuild the archive without it"
+class CorruptArchiveError(StagingError):
+    """An archive stream that is truncated, garbled or not an archive at all."""
+
+
+def corrupt(archive: Path, kind: str, offset: int, reason: str, inner: bool = False) -> CorruptArchiveError:
+    where = f"byte {offset}" + (" of its uncompressed tar stream" if inner and kind != "tar" else "")
+    return CorruptArchiveError(
+        f"{archive}: corrupt or truncated {KIND_NAMES.get(kind, kind)} archive at {where} ({reason}); "
+        "check or rebuild it"
+    )
+
+
+class _ZstdFrames:
+    """Follows the frame and block headers of a zstd stream as its bytes pass by, so that a stream
+    that ends inside a frame is seen: python-zstandard's reader ends there without a word."""
+
+    MAGIC = 0xFD2FB528
+
+    def __init__(self) -> None:
+        self._want = 4  # header bytes to collect before `_step` can judge them
+        self._head = b""
+        self._skip = 0  # body bytes to pass over
+        self._state = "magic"
+        self._checksum = False
+        self.error: str | None = None
+
+    @property
+    def between_frames(self) -> bool:
+        return self._state == "magic" and not self._head and not self._skip
+
+    def feed(self, data: bytes) -> None:
+        view, at = memoryview(data), 0
+        while at < len(view) and self.error is None:
+            if self._skip:
+                step = min(self._skip, len(view) - at)
+                self._skip -= step
+                at += step
+                continue
+            take = min(self._want - len(self._head), len(view) - at)
+            self._head += bytes(view[at : at + take])
+            at += take
+            if len(self._head) == self._want:
+                head, self._head = self._head, b""
+                self._step(head)
+
+    def _step(self, head: bytes) -> None:
+        value = int.from_bytes(head, "little")
+        if self._state == "magic":
+            if value == self.MAGIC:
+                self._state, self._want = "descriptor", 1
+            elif value & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: its length, then its bytes
+                self._state, self._want = "skippable", 4
+            else:
+                self.error = "not a zstd frame"
+        elif self._state == "skippable":
+            self._skip, self._state, self._want = value, "magic", 4
+        elif self._state == "descriptor":
+            single = (value >> 5) & 1
+            self._checksum = bool((value >> 2) & 1)
+            content = (0 if not single else 1, 2, 4, 8)[value >> 6]
+            self._skip = (0 if single else 1) + (0, 1, 2, 4)[value & 3] + content
+            self._state, self._want = "block", 3
+        elif self._state == "block":
+            kind, size = (value >> 1) & 3, value >> 3
+            if kind == 3:
+                self.error = "reserved zstd block type"
+            self._skip = 1 if kind == 1 else size
+            if value & 1:  # the frame's last block; then its checksum, if it has one
+                self._skip += 4 if self._checksum else 0
+                self._state, self._want = "magic", 4
+
+
+class _Source(io.RawIOBase):
+    """The archive's bytes as read (counted); for zstd, judged frame by frame on the way."""
+
+    def __init__(self, raw: IO[bytes], archive: Path, kind: str) -> None:
+        self._raw, self.archive, self.kind = raw, archive, kind
+        self._frames = _ZstdFrames() if kind == "zst" else None
+        self.offset = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size if size and size > 0 else 1 << 20)
+        if self._frames is not None:
+            self._frames.feed(data)
+            if self._frames.error is not None:
+                raise corrupt(self.archive, self.kind, self.offset, self._frames.error)
+            if not data and not self._frames.between_frames:
+                raise corrupt(self.archive, self.kind, self.offset, "the stream ends inside a zstd frame")
+        self.offset += len(data)
+        return data
+
+    def readinto(self, target: Any) -> int:
+        data = self.read(len(target))
+        target[: len(data)] = data
+        return len(data)
+
+
+class _Decoded(io.RawIOBase):
+    """The tar bytes of the archive (decompressed); any error of the decompressor or the source
+    becomes one CorruptArchiveError naming the byte of the archive where it was met."""
+
+    def __init__(self, source: _Source) -> None:
+        self.source = source
+        self.offset = 0
+        if source.kind == "gz":  # checks each member's CRC and length, and that the last one ends
+            self._reader: Any = gzip.GzipFile(fileobj=source, mode="rb")
+        elif source.kind == "zst":
+            import zstandard
+
+            self._reader = zstandard.ZstdDecompressor().stream_reader(
+                source, read_size=1 << 20, read_across_frames=True
             )
+        else:
+            self._reader = source
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            data = self._reader.read(size if size and size > 0 else 1 << 20)
+        except CorruptArchiveError:
+            raise
+        except (OSError, EOFError, ValueError, zlib.error, *_zstd_errors(self.source.kind)) as e:
+            reason = str(e) or type(e).__name__
+            raise corrupt(self.source.archive, self.source.kind, self.source.offset, reason) from e
+        self.offset += len(data)
+        return data
+
+    def readinto(self, target: Any) -> int:
+        data = self.read(len(target))
+        target[: len(data)] = data
+        return len(data)
+
+
+def _zstd_errors(kind: str) -> tuple[type[Exception], ...]:
+    if kind != "zst":
+        return ()
+    import zstandard
+
+    return (zstandard.ZstdError,)
+
+
+class _BadHeader(tarfile.TarError):
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(reason)
+        self.offset = offset
+
+
+class _Header(tarfile.TarInfo):
+    """A member header that fails to parse is an error wherever it is: tarfile's stream mode
+    takes a bad header after the first, or a stream that stops between members, for the end."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.EOFHeaderError:
+            raise  # a zero block: the end-of-archive marker (what follows is checked at the end)
+        except tarfile.EmptyHeaderError as e:
+            raise _BadHeader(tar.offset, "the stream ends without an end-of-archive block") from e
+        except tarfile.HeaderError as e:
+            raise _BadHeader(tar.offset, f"bad member header: {e}") from e
+
+
+@contextlib.contextmanager
+def open_archive(raw: IO[bytes], kind: str, archive: Path) -> Iterator[tarfile.TarFile]:
+    """A streaming TarFile over the raw archive bytes (no seeking: it also reads from a pipe).
+
+    Whatever is wrong with the stream (a header that fails its checksum, an end before the
+    end-of-archive block, data after it, a decompressor error) raises one CorruptArchiveError
+    naming the archive and the byte; when the body finishes, the rest of the stream is read and
+    must be zeros, so that a compressed stream is also checked to its end."""
+    decoded = _Decoded(_Source(raw, archive, kind))
+    try:
+        with tarfile.open(fileobj=decoded, mode="r|", bufsize=1 << 20, tarinfo=_Header) as tar:
+            yield tar
+            assert tar.fileobj is not None
+            while rest := tar.fileobj.read(1 << 20):
+                if rest.count(0) != len(rest):
+                    raise _BadHeader(tar.offset, "data after the end-of-archive block")
+    except _BadHeader as e:
+        raise corrupt(archive, kind, e.offset, str(e), inner=True) from e
+    except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
+        reason = str(e) or type(e).__name__
+        raise corrupt(archive, kind, decoded.offset, reason, inner=True) from e
+
+
+def check_member(member: tarfile.TarInfo, archive: Path) -> str | None:
+    """The member's path inside DEST (None for the root), judged as text: its name, a link's
+    target, its type. Where it really lands is judged when it is written (`landing`)."""
+    where, fix = f"{archive}: member", "rebuild the archive without it"
+    name = relative_path(member.name, where, fix, root_ok=True)
+    where = f"{where} {member.name!r}"
+    if member.issym():
+        link_target(member.linkname, where, fix)
+    elif member.islnk():
+        relative_path(member.linkname, f"{where} links to", fix)
     elif not (member.isfile() or member.isdir()):
-        raise StagingError(f"{where} is a device or FIFO; refused: rebuild the archive without it")
-    return "/".join(parts) or None
-
-
-def _stream_errors(kind: str) -> tuple[type[Exception], ...]:
-    errors: tuple[type[Exception], ...] = (tarfile.TarError, EOFError, zlib.error, ValueError)
-    if kind == "zst":
-        import zstandard
-
-        errors += (zstandard.ZstdError,)
-    return errors
+        raise StagingError(f"{where} is a device or FIFO; refused: {fix}")
+    if name.endswith(PARTIAL_SUFFIX):
+        raise StagingError(f"{where} has the name of a staging temporary file; refused: {fix}")
+    return name or None
 
 
 def member_node(path: str, num_nodes: int) -> int:
@@ -140,36 +317,51 @@ class ArchiveExtractor:
         self._budget = threading.BoundedSemaphore(_IN_FLIGHT_BYTES >> 20)
         self._buffers = BufferPool()
         self._lock = threading.Lock()
+        self._real_dirs: set[str] = set()
+        """Directories under `dest` seen to be real ones (no symlink), while no links are made."""
+        self._real_dest = os.path.realpath(dest)
 
     def run(self, raw: IO[bytes], kind: str) -> list[Staged]:
-        """Extract everything; on any error, wait for the writers and raise it."""
+        """Extract everything; on any error, wait for the writers and raise it. The links come
+        last, so that no file is ever written through a link the archive made."""
         try:
-            with tar_stream(raw, kind) as tar:
+            with open_archive(raw, kind, self.archive) as tar:
                 for member in tar:
-                    name = safe_name(member, self.archive)
-                    if name is None or member.isdir() or posixpath.basename(name).startswith(".mlhpc"):
-                        continue
-                    member.name = name
-                    if name == MANIFEST_NAME:
-                        self._take_manifest(tar.extractfile(member))
-                    elif member.issym() or member.islnk():
-                        self._links.append(member)
-                    elif self.keep(name):
-                        self._member(tar, member)
+                    self._take(tar, member)
             self._drain()
-        except _stream_errors(kind) as e:
+        except CorruptArchiveError:
             self._pool.shutdown(wait=True, cancel_futures=True)
-            raise StagingError(
-                f"{self.archive} is not a readable {kind} archive ({e}); check or rebuild it"
-            ) from e
+            for staged in self.written:  # made from a stream that went bad: none of it is kept
+                (self.dest / staged.path).unlink(missing_ok=True)
+            raise
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._check_complete()
-        for member in self._links:
-            self._link(member)
+        made = [self._link(member) for member in self._links]
+        self._check_symlinks([path for path in made if path is not None])
         return list(self.staged.values())
 
+    def _take(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        name = check_member(member, self.archive)
+        if name is None or member.isdir() or posixpath.basename(name).startswith(".mlhpc"):
+            return
+        member.name = name
+        if name == MANIFEST_NAME and member.isfile():
+            self._take_manifest(tar.extractfile(member))
+        elif member.issym() or member.islnk():
+            self._links.append(member)
+        elif self.keep(name):
+            self._member(tar, member)
+
+    def _land(self, name: str) -> str:
+        """Where member `name` is written: refused if a directory on the way is a symlink."""
+        where = f"{self.archive}: member"
+        return landing(str(self.dest), name, where, "rebuild the archive without it", self._real_dirs)
+
     def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        path = self._land(member.name)
+        if os.path.islink(path):  # a link left by an earlier run: the archive says a file goes here
+            os.unlink(path)
         entry = self._entry(member.name, member.size)
         if (kept := already_staged(self.dest, entry, self.evidence, self.options)) is not None:
             self.skipped += 1
@@ -262,25 +454,58 @@ class ArchiveExtractor:
                 "rebuild the archive"
             )
 
-    def _link(self, member: tarfile.TarInfo) -> None:
-        target = self.dest / member.name
+    def _link(self, member: tarfile.TarInfo) -> str | None:
+        """Make one link member; returns its path if it is a symlink. A link is judged where it
+        really lands, on the tree as it is now (links made before it included), as
+        `tarfile.data_filter` does: it must stay under DEST, and no directory on its way may
+        be a symlink."""
+        where, fix = f"{self.archive}: member {member.name!r}", "rebuild the archive without it"
+        path = landing(str(self.dest), member.name, f"{self.archive}: member", fix)
         if member.issym():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.unlink(missing_ok=True)
-            os.symlink(member.linkname, target)
-            return
-        source = posixpath.normpath(member.linkname.replace("\\", "/"))
+            if not inside(os.path.join(os.path.dirname(path), member.linkname), self._real_dest):
+                raise StagingError(f"{where} links to {member.linkname!r}, outside DEST; refused: {fix}")
+            self._clear(path, where)
+            os.symlink(member.linkname, path)
+            return path
+        source = relative_path(member.linkname, f"{where} links to", fix)
         if source not in self.staged:
             log.warning(
                 "%s: hard link %s -> %s: target not on this node; skipped", self.archive, member.name, source
             )
-            return
+            return None
         linked = self.staged[source]
-        target.unlink(missing_ok=True)
-        os.link(self.dest / linked.path, target)
+        origin = landing(str(self.dest), linked.path, f"{where} links to", fix)
+        if not stat.S_ISREG(os.lstat(origin).st_mode):
+            raise StagingError(f"{where} links to {source!r}, which is no longer a regular file; {fix}")
+        self._clear(path, where)
+        os.link(origin, path, follow_symlinks=False)
         self.staged[member.name] = Staged(
             member.name, linked.size, linked.checksum, member.name, linked.checksum
         )
+        return None
+
+    def _clear(self, path: str, where: str) -> None:
+        """Make room for a link at `path`: its directory made, an earlier file or link removed."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                raise StagingError(f"{where} would replace a directory; refused: rebuild the archive")
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _check_symlinks(self, made: list[str]) -> None:
+        """A link made later can change where an earlier one leads (`x -> b/../..` is inside
+        DEST until `b -> .` is made): once all are made, each must still resolve under DEST."""
+        for path in made:
+            if os.path.islink(path) and not inside(path, self._real_dest):
+                target = os.readlink(path)
+                os.unlink(path)
+                name = os.path.relpath(path, self.dest)
+                raise StagingError(
+                    f"{self.archive}: member {name!r} links to {target!r}, which leads outside DEST "
+                    "through links made after it; refused: rebuild the archive without it"
+                )
 
 
 class Pipe(io.RawIOBase):
@@ -324,16 +549,18 @@ def build_archive_manifest(path: Path, algorithm: str = "xxh3_128") -> Manifest:
     kind = archive_kind(path)
     if kind is None:
         raise StagingError(f"{path} is not a .tar, .tar.gz or .tar.zst archive")
-    entries = []
-    with open(path, "rb") as raw, tar_stream(raw, kind) as tar:
+    entries = {}
+    with open(path, "rb") as raw, open_archive(raw, kind, path) as tar:
         for member in tar:
-            name = safe_name(member, path)
+            name = check_member(member, path)
             if name is None or not member.isfile() or name == MANIFEST_NAME:
                 continue
+            if posixpath.basename(name).startswith(".mlhpc"):
+                continue  # staging's own files: never extracted
             hasher = new_hasher(algorithm)
             handle = tar.extractfile(member)
             assert handle is not None
             while data := handle.read(BUFFER_BYTES):
                 hasher.update(data)
-            entries.append(FileEntry(name, member.size, hasher.hexdigest()))
-    return Manifest(algorithm, tuple(sorted(entries, key=lambda f: f.path)))
+            entries[name] = FileEntry(name, member.size, hasher.hexdigest())  # a later copy wins
+    return Manifest(algorithm, tuple(sorted(entries.values(), key=lambda f: f.path)))

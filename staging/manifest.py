@@ -20,6 +20,7 @@ import xxhash
 
 from mlhpc.common.errors import StagingError
 from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.safepath import relative_path
 
 MANIFEST_NAME = "mlhpc_manifest.json"
 HASH_ALGORITHMS = ("xxh3_128", "sha256")
@@ -56,15 +57,20 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: Path) -> Manifest:
+        """Parse and judge a manifest: every path is checked here (`relative_path`), so no
+        consumer can read or write outside SRC or DEST through one."""
         try:
-            files = tuple(
-                FileEntry(str(f["path"]), int(f["size"]), str(f["checksum"])) for f in data["files"]
-            )
+            files = tuple(_entry(f, source) for f in data["files"])
             algorithm = str(data["algorithm"])
         except (KeyError, TypeError, ValueError) as e:
             raise StagingError(f"{source}: malformed manifest ({e}); delete it to recompute") from e
         if algorithm not in HASH_ALGORITHMS:
             raise StagingError(f"{source}: unknown checksum algorithm {algorithm!r}; use {HASH_ALGORITHMS}")
+        seen: set[str] = set()
+        for f in files:
+            if f.path in seen:
+                raise StagingError(f"{source}: manifest lists {f.path!r} twice; {_FIX}")
+            seen.add(f.path)
         return cls(algorithm, files)
 
     def write(self, path: Path) -> None:
@@ -90,6 +96,20 @@ class Manifest:
         return cls.from_json(data, path)
 
 
+_FIX = "fix the entry or write the manifest again (mlhpc stage SRC --make-manifest)"
+
+
+def _entry(f: dict[str, Any], source: Path) -> FileEntry:
+    path = f["path"]
+    if not isinstance(path, str):
+        raise TypeError(f"path {path!r} is not a string")
+    name = relative_path(path, f"{source}: manifest entry", _FIX)
+    entry = FileEntry(name, int(f["size"]), str(f["checksum"]))
+    if entry.size < 0:
+        raise ValueError(f"{path!r} has a negative size")
+    return entry
+
+
 def new_hasher(algorithm: str) -> Any:
     if algorithm == "xxh3_128":
         return xxhash.xxh3_128()
@@ -110,14 +130,19 @@ def hash_file(path: Path, algorithm: str = "xxh3_128") -> str:
 
 
 def list_dataset_files(root: Path) -> list[str]:
-    """Every regular file under `root` (relative, sorted), except the manifest and staging markers."""
+    """Every file under `root` (relative, sorted), except the manifest and staging markers.
+
+    A symlinked directory is not entered (`os.walk` does not follow links), so the walk stays
+    under `root`; a symlinked file is listed, as the dataset's owner made it. Each name is
+    judged like a manifest's, so a name no manifest could hold is refused here already."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in filenames:
             if name == MANIFEST_NAME or name.startswith(".mlhpc"):
                 continue
-            found.append(Path(dirpath, name).relative_to(root).as_posix())
+            rel = Path(dirpath, name).relative_to(root).as_posix()
+            found.append(relative_path(rel, f"{root}: file", "rename it, or stage a copy without it"))
     return sorted(found)
 
 
