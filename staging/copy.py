@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import mmap
 import os
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import StagingError
+from mlhpc.common.safepath import relative_path
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
 from mlhpc.staging.plan import CopyOp
 from mlhpc.staging.sink import (
@@ -33,6 +35,7 @@ from mlhpc.staging.sink import (
     write_error,
 )
 
+log = logging.getLogger(__name__)
 JOURNAL_PREFIX = ".mlhpc_journal."
 DIRECT_READ_MIN_BYTES = 4 << 20
 JOURNAL_BATCH = 64
@@ -291,8 +294,8 @@ def read_journals(dest: Path) -> dict[str, Staged]:
         except ValueError:  # a line cut short when its process was killed: keep the good ones
             records = [r for r in map(_parse_line, lines) if r is not None]
         for fields in records:
-            record = Staged(*fields)
-            found[record.source] = record
+            if (record := _record(fields, path)) is not None:
+                found[record.source] = record
     return found
 
 
@@ -302,6 +305,25 @@ def _parse_line(line: str) -> list[Any] | None:
     except ValueError:
         return None
     return fields if isinstance(fields, list) and len(fields) == 5 else None
+
+
+_TYPES = (str, int, str, str, str)
+
+
+def _record(fields: Any, journal_path: Path) -> Staged | None:
+    """A journal line as a record, or None (ignored: a rerun copies that file again) if it is
+    not one or names a path that leaves DEST (`relative_path` judges both of its paths)."""
+    if not isinstance(fields, list) or len(fields) != 5:
+        return None
+    if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(fields, _TYPES, strict=True)):
+        return None
+    try:
+        where = f"{journal_path}: record"
+        path, source = (relative_path(fields[i], where, "it is ignored") for i in (0, 3))
+    except StagingError as e:
+        log.warning("%s", e)
+        return None
+    return Staged(path, fields[1], fields[2], source, fields[4])
 
 
 def already_staged(
