@@ -24,6 +24,8 @@ MAX_RUNS = 200
 """The largest campaign `runs_needed` considers."""
 MAX_MINUTES = 10 * 365 * 24 * 60
 """A run said to take longer than ten years has broken timestamps; it is left out."""
+MAX_EPOCHS = 10**6
+"""Nor does a run reach its target after a million epochs (and sums of 1e308 overflow)."""
 
 _log = logging.getLogger(__name__)
 
@@ -148,7 +150,7 @@ def _read_point(path: Path) -> RunPoint | None:
             path, log.run_stop_line, -minutes, log.run_start_line,
         )  # fmt: skip
         return None
-    if not (math.isfinite(minutes) and math.isfinite(epochs) and minutes <= MAX_MINUTES):
+    if not (minutes <= MAX_MINUTES and 0 <= epochs <= MAX_EPOCHS):  # NaN fails every comparison
         _log.warning(
             "left out %s: run_start/run_stop time_ms or the last epoch_num is not a plausible number "
             "(%s min, epoch %s); fix the log or rerun that seed",
