@@ -424,7 +424,17 @@ def _launch_instances(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc_per_node={args.instances}", "-m", "mlhpc", *args.argv, "--no-check"]
     print(f"launching {args.instances} local ranks, one per instance: {' '.join(command)}", flush=True)
-    status = subprocess.call(command, env=env)
+    with subprocess.Popen(command, env=env) as launcher:
+        try:
+            status = launcher.wait()
+        except KeyboardInterrupt as stop:
+            # Pass the signal on: torchrun stops its ranks on it, where a SIGKILL would orphan them.
+            launcher.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+            try:
+                launcher.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+            raise
     if status != 0 or args.no_check:
         return status
     return check_command(args.out / args.submitter, ruleset=args.ruleset)
