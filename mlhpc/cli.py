@@ -443,6 +443,10 @@ def _launch_instances(args: argparse.Namespace) -> int:
 def _variability(args: argparse.Namespace) -> int:
     from mlhpc.variability import variability_command
 
+    if not args.difference > 0:
+        raise ConfigError(f"--difference {args.difference} must be positive; e.g. 0.05 for 5 %")
+    if not 0 < args.confidence < 1:
+        raise ConfigError(f"--confidence {args.confidence} must be between 0 and 1; e.g. 0.95")
     variability_command(args.path, difference=args.difference, confidence=args.confidence, plot=args.plot)
     return 0
 

@@ -118,3 +118,10 @@ def test_interrupt_and_terminate_are_one_line(
         proc.kill()
     assert proc.returncode == code, err[-2000:]
     assert err.splitlines() == [f"mlhpc: {line}"], err[-2000:]
+
+
+def test_variability_options_out_of_range(tmp_path: Path) -> None:
+    proc = mlhpc_cli(["variability", ".", "--difference", "0"], tmp_path, 120)
+    one_error_line(proc, "--difference 0", "positive")
+    proc = mlhpc_cli(["variability", ".", "--confidence", "1.5"], tmp_path, 120)
+    one_error_line(proc, "--confidence 1.5", "between 0 and 1")
