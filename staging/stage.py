@@ -184,13 +184,12 @@ def lock_destination(comm: Communicator, src: Path, dest: Path, held: ExitStack)
         except MlhpcError as e:  # the lock file could not be made: say why in staging's terms
             error = str(destination_error(e.__cause__, dest) if isinstance(e.__cause__, OSError) else e)
         except OSError as e:
-            error = str(destination_error(e, dest))
+            error = str(destination_error(e, e.filename or dest))
     agree(comm, error)
 
 
-def destination_error(e: OSError, dest: Path) -> StagingError:
-    """A destination that cannot be made or written, as one line naming it and the fix."""
-    where = e.filename or dest
+def destination_error(e: OSError, where: str | os.PathLike[str]) -> StagingError:
+    """A destination that cannot be made or written, as one line naming it (`where`) and the fix."""
     fix = f"pass a writable node-local directory as DEST (mlhpc run: --local-dir or {LOCAL_DIR_VARIABLE})"
     if e.errno == errno.ENOSPC:
         return write_error(e, str(where))
@@ -285,7 +284,7 @@ def agree_destination(comm: Communicator, dest: Path, needed: int) -> bool:
         except StagingError as e:
             error = str(e)
         except OSError as e:
-            error = str(destination_error(e, dest))
+            error = str(destination_error(e, e.filename or dest))
     values = agree(comm, error, [topo.node, topo.local_rank, str(dest.absolute()), fresh])
     leaders = {node: (path, was_fresh) for node, local, path, was_fresh in values if local == 0}
     for rank, (node, _, path, _) in enumerate(values):
