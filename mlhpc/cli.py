@@ -146,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument(
         "--each-rank-a-node", action="store_true", help="treat every rank as a node (one-machine study)"
     )
-    stage.add_argument("--verify", action="store_true", help="only re-hash DEST against its manifest")
+    stage.add_argument(
+        "--verify", action="store_true", help="only re-hash DEST against its manifest (also: --verify DEST)"
+    )
     stage.add_argument(
         "--make-manifest", action="store_true", help="write SRC's manifest (checksums to verify against)"
     )
@@ -309,12 +311,13 @@ def _stage(args: argparse.Namespace) -> int:
             build_manifest(args.src, workers=args.workers).write(written := args.src / MANIFEST_NAME)
         print(f"wrote {written}")
         return 0
+    if args.verify:  # `mlhpc stage --verify DEST` or `mlhpc stage SRC DEST --verify`; no lock needed
+        dest = args.src if args.dest is None else args.dest
+        count = verify_staged(dest)
+        print(f"{dest}: {count} files verified")
+        return 0
     if args.dest is None:
         raise ConfigError("mlhpc stage needs DEST (or --make-manifest); see mlhpc stage --help")
-    if args.verify:
-        count = verify_staged(args.dest)
-        print(f"{args.dest}: {count} files verified")
-        return 0
     comm = make_comm(args.comm, each_rank_a_node=args.each_rank_a_node)
     dest = Path(str(args.dest).replace("{node}", str(comm.topology.node)))
     try:
