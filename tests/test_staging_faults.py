@@ -201,6 +201,39 @@ def test_killed_at_a_random_point_then_a_rerun_completes(
     assert dataset_files(dest) == dataset_files(dataset)
 
 
+TERMINATED_BEFORE_THE_MARKER = """
+import os, signal, sys
+from mlhpc import cli
+from mlhpc.staging import stage
+
+def terminated(path, text):  # SIGTERM at the last step: every file verified, no marker yet
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pause()
+
+stage.atomic_write_text = terminated
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_terminated_before_the_marker_then_the_rerun_copies_nothing(dataset: Path, tmp_path: Path) -> None:
+    """The narrowest kill point: the node's manifest written, the journals gone, the marker not."""
+    dest = tmp_path / "dest"
+    script = tmp_path / "terminated.py"
+    script.write_text(TERMINATED_BEFORE_THE_MARKER)
+    proc = subprocess.run(
+        [sys.executable, str(script), "stage", str(dataset), str(dest), "--processes", "2"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert proc.returncode == 143 and proc.stderr.strip() == "mlhpc: terminated", proc.stderr
+    assert (dest / MANIFEST_NAME).is_file() and not (dest / STAGED_MARKER).exists()
+    rerun = run_stage(dataset, dest)
+    assert rerun.returncode == 0 and "copied 0, skipped 3004 already staged" in rerun.stdout
+    assert run_stage("--verify", dest).returncode == 0
+
+
 def test_bad_counts_are_one_line(tmp_path: Path) -> None:
     src = small_files(tmp_path / "src", 3)
     for flags in (["--workers", "0"], ["--processes", "-1"], ["--chunk-mib", "0"], ["--workers", "-4"]):
