@@ -18,7 +18,7 @@ import numpy as np
 
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.plots import pyplot, write_png
-from mlhpc.common.safe_read import find_files
+from mlhpc.common.safe_read import find_files, refusal
 
 MAX_RUNS = 200
 """The largest campaign `runs_needed` considers."""
@@ -115,7 +115,10 @@ def read_runs(folder: Path) -> dict[Path, list[RunPoint]]:
         paths, refused = find_files(folder, "result_*.txt", MAX_RESULT_BYTES, what="a result log")
         for path, problem in refused:
             _log.warning("skipped %s", problem.line(path))
-    else:
+    else:  # one file named on its own: refused is the error
+        problem = refusal(folder, MAX_RESULT_BYTES, what="a result log")
+        if problem is not None:
+            raise SubmissionError(problem.line(folder))
         paths = [folder]
     groups: dict[Path, list[RunPoint]] = {}
     for path in paths:

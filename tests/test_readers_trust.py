@@ -79,6 +79,8 @@ def test_variability_skips_what_it_cannot_read(campaign: Path, caplog: pytest.Lo
     assert "not a regular file" in by_name["result_3.txt"]
     assert "loop" in by_name["result_4.txt"]
     assert "outside" in by_name["result_5.txt"] and "copy the file" in by_name["result_5.txt"]
+    with pytest.raises(SubmissionError, match=r"result_3\.txt: not a regular file"):
+        read_runs(campaign / "result_3.txt")
 
 
 def test_timestamps_going_backwards_leave_the_run_out(
