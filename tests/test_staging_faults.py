@@ -144,6 +144,48 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(tmp_path: Path) ->
     assert dataset_files(dest) == dataset_files(src)
 
 
+HOLD_LOCK = """
+import sys
+from pathlib import Path
+from mlhpc.common.locks import folder_lock
+with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.distributed
+def test_every_rank_of_the_node_fails_with_the_holders_line(tmp_path: Path) -> None:
+    """Local rank 0 takes the node's lock; rank 1 learns of the refusal through the agreement."""
+    src = small_files(tmp_path / "src", 10)
+    dest = tmp_path / "dest"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(dest)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        proc = subprocess.run(
+            [*launcher, "-m", "mlhpc", "stage", str(src), str(dest)],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            timeout=300,
+        )
+    finally:
+        holder.communicate("")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlhpc: error: ")]
+    assert proc.returncode != 0 and len(errors) == 2 and errors[0] == errors[1], proc.stderr
+    assert errors[0].startswith(f"mlhpc: error: rank 0: {dest} is in use by pid {holder.pid} on ")
+    frames = [line for line in proc.stderr.splitlines() if line.strip().startswith('File "/')]
+    assert all("/torch/" in line for line in frames), proc.stderr  # torchrun's own traceback only
+    assert [p.name for p in dest.iterdir()] == [LOCK_NAME]
+
+
 KILLS = [
     pytest.param(
         sig, processes, point, id=f"{sig.name}-{'processes' if processes > 1 else 'threads'}-{point}"
