@@ -84,6 +84,7 @@ def test_killed_campaign_resumes_keeping_finished_runs(tmp_path: Path) -> None:
         2: 42,
     }  # the seeds continue from the kept run
     assert sorted(p.name for p in results.iterdir()) == ["result_0.txt", "result_1.txt", "result_2.txt"]
+    assert not list((tmp_path / "local").glob("mlhpc-stage-*"))  # the killed run's too: its owner is gone
     analyses = analyse_logs(sorted(results.glob("result_*.txt")), "3.0.0")
     assert all(a.compliant for a in analyses.values()), [a.messages for a in analyses.values()]
 
