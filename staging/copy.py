@@ -49,6 +49,9 @@ once its last read is in is one piece, not one block (see `read_spans`)."""
 _pool = BufferPool()
 _readers: ThreadPoolExecutor | None = None
 _readers_lock = threading.Lock()
+_stopping: set[str] = set()
+"""Destinations whose copies stop at their next block: an error or an interruption (Ctrl-C,
+SIGTERM) elsewhere, so that a large file's copy does not hold the exit for seconds."""
 _journals: dict[str, Journal] = {}
 _journals_lock = threading.Lock()
 
@@ -109,7 +112,7 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
             sink.write(data)
         if direct and job.read_ahead > 1:
             try:
-                _read_ahead(fd, sink, entry.size, job.read_ahead, buffer)
+                _read_ahead(fd, sink, entry.size, job, buffer)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -117,6 +120,7 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
                 fd, direct = _open_source(source, False)
             os.lseek(fd, sink.received, os.SEEK_SET)  # the loop below reads what is left, if anything
         while sink.path == entry.path:
+            _check_stopping(job)
             try:
                 room = sink.room
                 n = sink.read_from(fd)
@@ -141,13 +145,15 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
         _pool.put(buffer)
 
 
-def _read_ahead(fd: int, sink: FileSink, size: int, depth: int, spare: mmap.mmap) -> None:
-    """Copy `size` bytes with `depth` block reads in flight, hashed and written in order.
+def _read_ahead(fd: int, sink: FileSink, size: int, job: CopyJob, spare: mmap.mmap) -> None:
+    """Copy `size` bytes with `depth` (`job.read_ahead`) block reads in flight, hashed and
+    written in order.
 
     Block i+depth is asked for before block i is written, into one more buffer (`spare`: the
     sink's, idle here, and as large as any block this far into the file), so that `depth` reads
     stay in flight while a block is written."""
     global _readers
+    depth = job.read_ahead
     with _readers_lock:
         if _readers is None:
             _readers = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mlhpc-read")
@@ -165,6 +171,7 @@ def _read_ahead(fd: int, sink: FileSink, size: int, depth: int, spare: mmap.mmap
     try:
         pending.extend(readers.submit(read, i) for i in range(min(depth, len(spans))))
         for i, (offset, length) in enumerate(spans):
+            _check_stopping(job)
             n = pending.popleft().result()
             whole = n == min(length, size - offset)
             if whole and i + depth < len(spans):
@@ -365,9 +372,19 @@ def run_copies(
         return copy_in_processes(entries, job, processes, on_done)
     try:
         with ThreadPoolExecutor(max_workers=max(1, job.threads)) as threads:
-            return _collect([threads.submit(copy_file, job, entry) for entry in entries], on_done)
+            try:
+                return _collect([threads.submit(copy_file, job, entry) for entry in entries], on_done)
+            except BaseException:
+                _stopping.add(job.dest_root)  # the copies under way stop (their partials removed)
+                raise
     finally:
+        _stopping.discard(job.dest_root)
         close_journal(job.dest_root)
+
+
+def _check_stopping(job: CopyJob) -> None:
+    if job.dest_root in _stopping:
+        raise StagingError(f"copying into {job.dest_root} was stopped; rerun to resume")
 
 
 def _collect(futures: list[Future[Staged]], on_done: Callable[[list[Staged]], None]) -> list[Staged]:

@@ -44,7 +44,7 @@ from mlhpc.staging.copy import (
 )
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.model import Cluster, model_table, staging_time
-from mlhpc.staging.plan import Topology, node_files, plan_exchange, plan_node_copies, rank_files
+from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_exchange, plan_node_copies, rank_files
 from mlhpc.staging.sink import (
     ALIGN,
     BUFFER_BYTES,
@@ -629,3 +629,27 @@ def test_bad_counts_are_refused(source: Path, tmp_path: Path) -> None:
         with pytest.raises(StagingError, match="must be at least 1"):
             stage_dataset(source, tmp_path / "dest", **knobs)
     assert not (tmp_path / "dest").exists()
+
+
+def test_an_interrupted_copy_stops_its_large_files_at_the_next_block(tmp_path: Path) -> None:
+    """Ctrl-C (here from the progress callback) stops the copies under way at their next block and
+    removes their partial files, instead of finishing gigabytes first."""
+    src = tmp_path / "src"
+    src.mkdir()
+    entries = [FileEntry("small.bin", 10, xxhash.xxh3_128(b"s" * 10).hexdigest())]
+    (src / "small.bin").write_bytes(b"s" * 10)
+    for i in range(2):
+        data = os.urandom(1 << 20) * 48
+        (src / f"big{i}.bin").write_bytes(data)
+        entries.append(FileEntry(f"big{i}.bin", len(data), xxhash.xxh3_128(data).hexdigest()))
+    job = CopyJob(str(src), str(tmp_path / "dest"), SinkOptions(), threads=3)
+
+    def interrupt(staged: list) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        copy_module.run_copies([CopyOp(e) for e in entries], job, on_done=interrupt)
+    assert not list((tmp_path / "dest").rglob("*.mlhpc-partial"))
+    assert not (tmp_path / "dest" / "big0.bin").exists() and not (tmp_path / "dest" / "big1.bin").exists()
+    assert not copy_module._stopping  # the next staging into it is not stopped
+    assert len(copy_module.run_copies([CopyOp(e) for e in entries], job)) == 3

@@ -156,7 +156,9 @@ with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
 
 @pytest.mark.distributed
 def test_every_rank_of_the_node_fails_with_the_holders_line(tmp_path: Path) -> None:
-    """Local rank 0 takes the node's lock; rank 1 learns of the refusal through the agreement."""
+    """Local rank 0 takes the node's lock; rank 1 learns of the refusal through the agreement.
+    The two ranks start side by side as srun starts them (torchrun would stop one when the
+    other fails, and their lines would interleave on one stderr)."""
     src = small_files(tmp_path / "src", 10)
     dest = tmp_path / "dest"
     holder = subprocess.Popen(
@@ -166,23 +168,36 @@ def test_every_rank_of_the_node_fails_with_the_holders_line(tmp_path: Path) -> N
         text=True,
         env=cli_env(),
     )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-        proc = subprocess.run(
-            [*launcher, "-m", "mlhpc", "stage", str(src), str(dest)],
-            capture_output=True,
-            text=True,
-            env=cli_env(),
-            timeout=300,
-        )
+        ranks = [
+            subprocess.Popen(
+                stage_command(src, dest),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=cli_env(
+                    RANK=str(r),
+                    WORLD_SIZE="2",
+                    LOCAL_RANK=str(r),
+                    LOCAL_WORLD_SIZE="2",
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=port,
+                ),
+            )
+            for r in (0, 1)
+        ]
+        errors = [rank.communicate(timeout=300)[1] for rank in ranks]
     finally:
         holder.communicate("")
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlhpc: error: ")]
-    assert proc.returncode != 0 and len(errors) == 2 and errors[0] == errors[1], proc.stderr
-    assert errors[0].startswith(f"mlhpc: error: rank 0: {dest} is in use by pid {holder.pid} on ")
-    frames = [line for line in proc.stderr.splitlines() if line.strip().startswith('File "/')]
-    assert all("/torch/" in line for line in frames), proc.stderr  # torchrun's own traceback only
+    assert [rank.returncode for rank in ranks] == [2, 2], errors
+    assert errors[0] == errors[1], errors
+    lines = errors[0].strip().splitlines()
+    assert len(lines) == 1, errors  # one line each, no traceback
+    assert lines[0].startswith(f"mlhpc: error: rank 0: {dest} is in use by pid {holder.pid} on ")
     assert [p.name for p in dest.iterdir()] == [LOCK_NAME]
 
 
