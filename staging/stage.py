@@ -334,7 +334,7 @@ def finish_node(
         except StagingError as e:
             error = str(e)
         except OSError as e:
-            error = str(write_error(e, str(dest / MANIFEST_NAME)) if e.errno == errno.ENOSPC else e)
+            error = str(destination_error(e, e.filename or dest / MANIFEST_NAME))
     digests = agree(comm, error, [topo.node, held.digest() if held else None])
     if mode == "replicate" and comm.collective:
         first = {digest: node for node, digest in reversed(digests) if digest}
