@@ -320,6 +320,7 @@ class ArchiveExtractor:
         self._real_dirs: set[str] = set()
         """Directories under `dest` seen to be real ones (no symlink), while no links are made."""
         self._real_dest = os.path.realpath(dest)
+        self._seen: set[str] = set()
 
     def run(self, raw: IO[bytes], kind: str) -> list[Staged]:
         """Extract everything; on any error, wait for the writers and raise it. The links come
@@ -362,6 +363,9 @@ class ArchiveExtractor:
         path = self._land(member.name)
         if os.path.islink(path):  # a link left by an earlier run: the archive says a file goes here
             os.unlink(path)
+        if member.name in self._seen:  # a later copy of a member wins, after the earlier one is written
+            self._drain()
+        self._seen.add(member.name)
         entry = self._entry(member.name, member.size)
         if (kept := already_staged(self.dest, entry, self.evidence, self.options)) is not None:
             self.skipped += 1
