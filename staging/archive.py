@@ -378,14 +378,17 @@ class ArchiveExtractor:
             megabytes = max(1, len(data) >> 20)
             for _ in range(megabytes):
                 self._budget.acquire()
-            self._futures.append(self._pool.submit(self._write, entry, [data], megabytes))
+            self._futures.append(self._pool.submit(self._write, entry, [data], megabytes, member.mode))
             if len(self._futures) > 4096:
                 self._drain(done_only=True)
             return
-        self._write(entry, iter(lambda: handle.read(BUFFER_BYTES), b""), 0)
+        self._write(entry, iter(lambda: handle.read(BUFFER_BYTES), b""), 0, member.mode)
 
-    def _write(self, entry: FileEntry, pieces: Iterable[bytes], megabytes: int) -> Staged:
-        sink = FileSink(str(self.dest), entry, self.options, self._buffers.get(min(BUFFER_BYTES, entry.size)))
+    def _write(self, entry: FileEntry, pieces: Iterable[bytes], megabytes: int, mode: int) -> Staged:
+        """Write one member; it keeps its mode (FileSink drops setuid, setgid, sticky), and u+rw,
+        so that staging can read it back to verify it and write it again on a rerun."""
+        buffer = self._buffers.get(min(BUFFER_BYTES, entry.size))
+        sink = FileSink(str(self.dest), entry, self.options, buffer, mode=mode | 0o600)
         try:
             for piece in pieces:
                 sink.write(piece)
