@@ -338,7 +338,15 @@ class ArchiveExtractor:
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._check_complete()
-        made = [self._link(member) for member in self._links]
+        made = []
+        for member in self._links:
+            try:
+                made.append(self._link(member))
+            except OSError as e:
+                raise StagingError(
+                    f"{self.archive}: member {member.name!r}: cannot make the link ({e.strerror}); "
+                    "check the node-local directory, or rebuild the archive without it"
+                ) from e
         self._check_symlinks([path for path in made if path is not None])
         return list(self.staged.values())
 
