@@ -3,6 +3,12 @@
 An archive is one stream, so one rank per node extracts it. Its manifest is a sidecar file
 `<archive>.mlhpc_manifest.json` or a member `mlhpc_manifest.json` at the archive's root;
 without one, checksums are computed from the extracted bytes.
+
+Nothing in an archive is trusted (as with `tarfile.data_filter`): member names and link targets
+go through `common/safepath`, files are never written through a symlink, links are made last
+and judged where they really land, and the stream must end where a tar ends (its end-of-archive
+block, then zeros, and a whole last compressed frame): a garbled header, a stream cut short or a
+decompressor error fails the whole archive in one line naming the byte.
 """
 
 from __future__ import annotations
