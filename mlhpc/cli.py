@@ -278,8 +278,7 @@ def _generate(args: argparse.Namespace) -> int:
     from mlhpc.common import registry
     from mlhpc.common.config import load_config
     from mlhpc.common.writable import check_writable_dir
-    from mlhpc.staging import build_manifest
-    from mlhpc.staging.manifest import MANIFEST_NAME
+    from mlhpc.generation import generate_dataset
 
     if args.samples is not None and args.samples < 1:
         raise ConfigError(
@@ -290,8 +289,12 @@ def _generate(args: argparse.Namespace) -> int:
     cfg = load_config(bench.config_class, bench.config_path(args.config), args.overrides)
     check_writable_dir(args.out, "--out")
     started = time.perf_counter()
-    bench.generate(cfg, args.out, num_samples=args.samples, seed=args.seed)
-    build_manifest(args.out).write(args.out / MANIFEST_NAME)
+    generate_dataset(
+        args.out,
+        lambda folder: bench.generate(cfg, folder, num_samples=args.samples, seed=args.seed),
+        reuse_complete=False,
+        not_ours_fix="pass a new or empty --out, or move them away",
+    )
     print(f"wrote {bench.name} data to {args.out} in {time.perf_counter() - started:.1f} s")
     return 0
 
