@@ -317,7 +317,8 @@ class ArchiveExtractor:
         """Every member this node holds, by path (written now or verified from an earlier run)."""
         self.written: list[Staged] = []
         self.skipped = 0
-        self._links: list[tarfile.TarInfo] = []
+        self._links: dict[str, tarfile.TarInfo] = {}
+        """Link members by name, made after the files in archive order (a later member wins)."""
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers))
         self._futures: list[Future[Staged]] = []
         self._budget = threading.BoundedSemaphore(_IN_FLIGHT_BYTES >> 20)
@@ -345,7 +346,7 @@ class ArchiveExtractor:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._check_complete()
         made = []
-        for member in self._links:
+        for member in self._links.values():
             try:
                 made.append(self._link(member))
             except OSError as e:
@@ -364,9 +365,12 @@ class ArchiveExtractor:
         if name == MANIFEST_NAME and member.isfile():
             self._take_manifest(tar.extractfile(member))
         elif member.issym() or member.islnk():
-            self._links.append(member)
-        elif self.keep(name):
-            self._member(tar, member)
+            self._links.pop(name, None)  # moved to its place in archive order
+            self._links[name] = member
+        else:
+            self._links.pop(name, None)  # a file after a link of that name: the file wins
+            if self.keep(name):
+                self._member(tar, member)
 
     def _land(self, name: str) -> str:
         """Where member `name` is written: refused if a directory on the way is a symlink."""
@@ -487,6 +491,7 @@ class ArchiveExtractor:
                 raise StagingError(f"{where} links to {member.linkname!r}, outside DEST; refused: {fix}")
             self._clear(path, where)
             os.symlink(member.linkname, path)
+            self.staged.pop(member.name, None)  # an earlier file of that name is replaced
             return path
         source = relative_path(member.linkname, f"{where} links to", fix)
         if source not in self.staged:

@@ -279,7 +279,8 @@ def test_absolute_link_target_is_refused(box: Box) -> None:
 
 
 def test_symlink_already_in_dest_is_not_written_through(box: Box) -> None:
-    box.dest.mkdir()
+    """A DEST staged into before, where a symlink has appeared since."""
+    assert stage_outcome(box, box.archive(make_tar([("file", "other", b"x")]), "tar")) is None
     os.symlink(box.canary, box.dest / "data")
     archive = box.archive(make_tar([("file", "data/file", b"overwritten")]), "tar")
     error = stage_outcome(box, archive)
@@ -299,6 +300,22 @@ def test_links_inside_dest_are_made(box: Box) -> None:
     assert os.readlink(box.dest / "v2" / "self") == "../v2/data.bin"
     assert (box.dest / "copy.bin").stat().st_ino == (box.dest / "v2" / "data.bin").stat().st_ino
     assert box.unchanged() and verify_staged(box.dest) == 2
+
+
+@pytest.mark.parametrize(
+    ("members", "x_is_link", "x_bytes"),
+    [
+        ([("sym", "x", "y"), ("file", "x", b"file wins"), ("file", "y", b"")], False, b"file wins"),
+        ([("file", "x", b"first"), ("sym", "x", "y"), ("file", "y", b"target")], True, b"target"),
+    ],
+)
+def test_a_later_member_of_the_same_name_wins(
+    box: Box, members: list, x_is_link: bool, x_bytes: bytes
+) -> None:
+    """Links are made after the files, yet the archive's order decides, as with tar itself."""
+    assert stage_outcome(box, box.archive(make_tar(members), "tar")) is None
+    assert (box.dest / "x").is_symlink() == x_is_link and (box.dest / "x").read_bytes() == x_bytes
+    assert verify_staged(box.dest) == (1 if x_is_link else 2)
 
 
 def member_files(count: int = 6, size: int = 3000) -> list[tuple[str, str, object]]:
