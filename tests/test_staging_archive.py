@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from mlhpc.cli import main
 from mlhpc.common.errors import MlhpcError, StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
-from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
+from mlhpc.staging.archive import ArchiveExtractor, build_archive_manifest, sidecar_manifest
+from mlhpc.staging.copy import close_journal
+from mlhpc.staging.sink import SinkOptions
 from tests.conftest import dataset_files, mlhpc_cli
 
 
@@ -540,6 +542,31 @@ def test_property_nothing_outside_dest_changes(tree: list, kind: str, how: tuple
         assert box.unchanged()
         assert box.links_inside()
         assert error is not None or not must_fail, f"{kind} {how}: damage not seen"
+
+
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tree=trees, kind=kinds, how=damage)
+def test_property_the_extractor_alone_raises_only_staging_errors(
+    tree: list, kind: str, how: tuple | None
+) -> None:
+    """The extractor without stage_dataset around it (which turns an OSError into a line too)."""
+    with tempfile.TemporaryDirectory() as base:
+        box = Box(Path(base))
+        data, must_fail = damaged(compress(make_tar(resolve(tree, box.canary)), kind), kind, how)
+        archive = box.archive(data, kind)
+        box.dest.mkdir()
+        try:
+            with open(archive, "rb") as raw:
+                extractor = ArchiveExtractor(archive, box.dest, SinkOptions(), None, {}, workers=2)
+                extractor.run(raw, kind.split("-")[0])
+            failed = False
+        except MlhpcError as e:
+            assert isinstance(e, StagingError) and "\n" not in str(e)
+            failed = True
+        finally:
+            close_journal(str(box.dest))
+        assert box.unchanged() and box.links_inside()
+        assert failed or not must_fail, f"{kind} {how}: damage not seen"
 
 
 @SETTINGS
