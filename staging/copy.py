@@ -300,8 +300,9 @@ def read_journals(dest: Path) -> dict[str, Staged]:
             records = json.loads(f"[{','.join(lines)}]")
         except ValueError:  # a line cut short when its process was killed: keep the good ones
             records = [r for r in map(_parse_line, lines) if r is not None]
+        where = f"{path}: record"
         for fields in records:
-            if (record := _record(fields, path)) is not None:
+            if (record := _record(fields, where)) is not None:
                 found[record.source] = record
     return found
 
@@ -317,7 +318,7 @@ def _parse_line(line: str) -> list[Any] | None:
 _TYPES = (str, int, str, str, str)
 
 
-def _record(fields: Any, journal_path: Path) -> Staged | None:
+def _record(fields: Any, where: str) -> Staged | None:
     """A journal line as a record, or None (ignored: a rerun copies that file again) if it is
     not one or names a path that leaves DEST (`relative_path` judges both of its paths)."""
     if not isinstance(fields, list) or len(fields) != 5:
@@ -325,7 +326,6 @@ def _record(fields: Any, journal_path: Path) -> Staged | None:
     if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(fields, _TYPES, strict=True)):
         return None
     try:
-        where = f"{journal_path}: record"
         path, source = (relative_path(fields[i], where, "it is ignored") for i in (0, 3))
     except StagingError as e:
         log.warning("%s", e)

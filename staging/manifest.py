@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,17 +61,16 @@ class Manifest:
         """Parse and judge a manifest: every path is checked here (`relative_path`), so no
         consumer can read or write outside SRC or DEST through one."""
         try:
-            files = tuple(_entry(f, source) for f in data["files"])
+            where = f"{source}: manifest entry"
+            files = tuple(_entry(f, where) for f in data["files"])
             algorithm = str(data["algorithm"])
         except (KeyError, TypeError, ValueError) as e:
             raise StagingError(f"{source}: malformed manifest ({e}); delete it to recompute") from e
         if algorithm not in HASH_ALGORITHMS:
             raise StagingError(f"{source}: unknown checksum algorithm {algorithm!r}; use {HASH_ALGORITHMS}")
-        seen: set[str] = set()
-        for f in files:
-            if f.path in seen:
-                raise StagingError(f"{source}: manifest lists {f.path!r} twice; {_FIX}")
-            seen.add(f.path)
+        if len({f.path for f in files}) != len(files):
+            twice = next(path for path, n in Counter(f.path for f in files).items() if n > 1)
+            raise StagingError(f"{source}: manifest lists {twice!r} twice; {_FIX}")
         return cls(algorithm, files)
 
     def write(self, path: Path) -> None:
@@ -99,12 +99,11 @@ class Manifest:
 _FIX = "fix the entry or write the manifest again (mlhpc stage SRC --make-manifest)"
 
 
-def _entry(f: dict[str, Any], source: Path) -> FileEntry:
+def _entry(f: dict[str, Any], where: str) -> FileEntry:
     path = f["path"]
     if not isinstance(path, str):
         raise TypeError(f"path {path!r} is not a string")
-    name = relative_path(path, f"{source}: manifest entry", _FIX)
-    entry = FileEntry(name, int(f["size"]), str(f["checksum"]))
+    entry = FileEntry(relative_path(path, where, _FIX), int(f["size"]), str(f["checksum"]))
     if entry.size < 0:
         raise ValueError(f"{path!r} has a negative size")
     return entry

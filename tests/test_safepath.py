@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlhpc.common.errors import MlhpcError, StagingError
 from mlhpc.common.safepath import inside, landing, link_target, relative_path
@@ -99,3 +102,21 @@ def test_landing_remembers_checked_directories(tmp_path: Path) -> None:
     landing(str(root), "a/b/f", WHERE, FIX, known)
     assert known == {"a", "a/b"}
     landing(str(root), "a/b/g", WHERE, FIX, known)  # no lstat needed: a/b is known
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.sampled_from(["a", "b.c", "/", ".", "..", ".h", "\\", "\0", ":", "C", "é"]), max_size=8))
+def test_property_a_judged_path_stays_under_its_root(pieces: list[str]) -> None:
+    """Any text: refused with a StagingError, or a normalised path with no way out of a root
+    (and the quick path for plain names agrees with the long one)."""
+    name = "".join(pieces)
+    try:
+        rel = relative_path(name, WHERE, FIX, root_ok=True)
+    except StagingError:
+        return
+    parts = rel.split("/") if rel else []
+    assert all(p not in ("", ".", "..") for p in parts)
+    assert "\0" not in rel and "\\" not in rel and not rel.startswith("/")
+    assert rel == ("" if posixpath.normpath(name) == "." else posixpath.normpath(name))
+    root = "/r/o/o/t"
+    assert posixpath.normpath(posixpath.join(root, rel)).startswith(root)
