@@ -6,6 +6,11 @@ from pathlib import Path
 
 from mlhpc.common.errors import DataError
 
+DATASET_COMPLETE = ".mlhpc_generated"
+"""In a dataset folder mlhpc generated, written last (see `mlhpc.generation`)."""
+DATASET_GENERATING = ".mlhpc_generating"
+"""In a dataset folder mlhpc is generating (or was, when killed), written first."""
+
 
 def existing_data_dir(data_dir: Path | str, benchmark: str) -> Path:
     """`data_dir` as a Path; a DataError with the way out when it is missing."""

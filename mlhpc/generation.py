@@ -21,12 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlhpc import __version__
+from mlhpc.common.datasets import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.common.errors import DataError, MlhpcError
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest
-
-DATASET_COMPLETE = ".mlhpc_generated"
-DATASET_GENERATING = ".mlhpc_generating"
 
 
 def generate_dataset(

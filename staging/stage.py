@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from mlhpc.common.datasets import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.common.errors import MlhpcError, StagingError
 from mlhpc.common.fileio import atomic_write_text, current_umask
 from mlhpc.common.locks import LOCK_NAME, FolderBusy, folder_lock
@@ -41,6 +42,9 @@ from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, direct_writes_pay, s
 
 log = logging.getLogger(__name__)
 STAGED_MARKER = ".mlhpc_staged.json"
+STAGING_OWNED = ".mlhpc_staging"
+"""Written into an empty DEST before anything is staged there: a later run finds the folder is
+mlhpc's (see `refuse_unless_staged_here`) even if it was killed before any journal line."""
 DEFAULT_WORKERS = 32
 DEFAULT_CHUNK_BYTES = 16 << 20
 
@@ -104,6 +108,7 @@ def stage_dataset(
     comm = comm or CallbackComm(local_rank, local_size, barrier)
     src, dest = Path(src), Path(dest)
     started = time.perf_counter()
+    refuse_overlap(src, dest)
     with ExitStack() as locked:  # DEST's lock, held until the marker is written
         lock_destination(comm, src, dest, locked)
         topo = comm.topology
@@ -171,6 +176,8 @@ def lock_destination(comm: Communicator, src: Path, dest: Path, held: ExitStack)
     if comm.topology.local_rank == 0:
         try:
             created = not dest.exists()
+            if not created and dest.is_dir():  # before the lock file goes in: a user's folder stays as it was
+                refuse_unless_staged_here(dest, src)
             dest.mkdir(parents=True, exist_ok=True)
             held.enter_context(
                 folder_lock(
@@ -179,7 +186,7 @@ def lock_destination(comm: Communicator, src: Path, dest: Path, held: ExitStack)
             )
             if created and src.is_dir():
                 os.chmod(dest, folder_mode(src))
-        except FolderBusy as e:
+        except (FolderBusy, StagingError) as e:
             error = str(e)
         except MlhpcError as e:  # the lock file could not be made: say why in staging's terms
             error = str(destination_error(e.__cause__, dest) if isinstance(e.__cause__, OSError) else e)
@@ -300,6 +307,8 @@ def agree_destination(comm: Communicator, dest: Path, needed: int) -> bool:
 def prepare_destination(dest: Path, needed: int) -> bool:
     fresh = not dest.exists() or all(p.name == LOCK_NAME for p in dest.iterdir())
     dest.mkdir(parents=True, exist_ok=True)
+    if not (dest / STAGING_OWNED).exists():  # from now on the folder is provably staging's
+        atomic_write_text(dest / STAGING_OWNED, f"mlhpc stages into this folder (pid {os.getpid()})\n")
     (dest / STAGED_MARKER).unlink(missing_ok=True)
     if not fresh:
         for partial in dest.rglob(f"*{PARTIAL_SUFFIX}"):
@@ -310,6 +319,41 @@ def prepare_destination(dest: Path, needed: int) -> bool:
         needed = max(0, needed - present)
     check_free_space(dest, needed)
     return fresh
+
+
+def refuse_unless_staged_here(dest: Path, src: Path) -> None:
+    """A DEST that is not empty must be one mlhpc staged into before (its bookkeeping is there),
+    or hold only files that a directory SRC has at the same paths (a copy by another tool, which
+    staging verifies and keeps or copies again): staging replaces files by name, so in anyone
+    else's folder it could overwrite their files. A dataset mlhpc generated is never a DEST."""
+    names = {p.name for p in dest.iterdir()}
+    if names & {DATASET_COMPLETE, DATASET_GENERATING}:
+        raise StagingError(
+            f"{dest} is a dataset mlhpc generated, not a staging destination; stage it into another folder"
+        )
+    bookkeeping = names & {STAGING_OWNED, STAGED_MARKER, MANIFEST_NAME}
+    if bookkeeping or any(n.startswith(JOURNAL_PREFIX) for n in names):
+        return
+    for folder, dirnames, filenames in os.walk(dest):
+        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(folder, d))]:
+            if name.startswith(".mlhpc") or name.endswith(PARTIAL_SUFFIX):
+                continue
+            relative = os.path.relpath(os.path.join(folder, name), dest)
+            if not any(os.path.isfile(src / f"{relative}{suffix}") for suffix in ("", ".gz", ".zst")):
+                raise StagingError(
+                    f"{dest} holds {os.path.join(folder, name)}, which mlhpc did not stage and {src} does "
+                    "not have; stage into an empty or new folder (mlhpc would overwrite files of the same name)"
+                )
+
+
+def refuse_overlap(src: Path, dest: Path) -> None:
+    """SRC and DEST must be apart: a DEST inside SRC is listed as source on a rerun, and a SRC
+    inside DEST is written over while it is read."""
+    real_src, real_dest = Path(os.path.realpath(src)), Path(os.path.realpath(dest))
+    if real_src == real_dest or real_src in real_dest.parents or real_dest in real_src.parents:
+        raise StagingError(
+            f"staging source {src} and destination {dest} overlap; stage into a folder outside the source"
+        )
 
 
 def finish_node(
