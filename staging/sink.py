@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlhpc.common.errors import StagingError
+from mlhpc.common.safepath import landing
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, new_hasher
 
 ALIGN = 4096
@@ -24,6 +25,7 @@ BUFFER_BYTES = 16 << 20
 WRITE_SLICE_BYTES = 256 << 10
 """Buffered writes go in slices that fit a core's L2 cache with room (see `_hash_and_write`)."""
 PARTIAL_SUFFIX = ".mlhpc-partial"
+_LINK_FIX = "remove the link from DEST, or stage into a new folder"
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 
 
@@ -120,7 +122,8 @@ class FileSink:
         self.mode = None if mode is None else mode & FILE_MODE_BITS
         self._umask = options.umask
         self.path = staged_path(source.path, options)
-        self.target = os.path.join(dest_root, self.path)
+        # A folder on the way that is a symlink (planted, or an earlier copy's) could lead out of DEST.
+        self.target = landing(dest_root, self.path, f"staging into {dest_root}:", _LINK_FIX)
         self.tmp = os.path.join(dest_root, partial_name(self.path))
         self._direct = options.direct_io
         self._algorithm = options.algorithm
@@ -135,7 +138,7 @@ class FileSink:
         self._fd = self._open()
 
     def _open(self) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW  # no planted link
         mode = DEFAULT_FILE_MODE if self.mode is None else self.mode
         try:
             try:

@@ -571,7 +571,6 @@ def test_umask_without_proc_falls_back_and_leaves_it_unchanged(
     assert current_umask() == 0o027
 
 
-@pytest.mark.xfail(reason="archive.py does not pass member.mode to FileSink(mode=...) yet", strict=False)
 def test_archive_members_keep_their_modes_without_special_bits(tmp_path: Path) -> None:
     archive = tmp_path / "modes.tar"
     with tarfile.open(archive, "w") as tar:

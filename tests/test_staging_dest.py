@@ -81,3 +81,25 @@ def test_the_cli_refuses_a_users_folder_in_one_line(tmp_path: Path, capsys: pyte
     assert main(["stage", str(src), str(dest)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("mlhpc: error: ") and "precious.txt" in err
+
+
+def test_a_link_planted_in_an_earlier_staging_is_not_written_through(tmp_path: Path) -> None:
+    src, dest, outside = make_source(tmp_path / "src"), tmp_path / "dest", tmp_path / "outside"
+    stage_dataset(src, dest, workers=2)
+    outside.mkdir()
+    (dest / "sub" / "b.bin").unlink()
+    (dest / "sub").rmdir()
+    (dest / "sub").symlink_to(outside)  # the folder of a file to restage now leads out of DEST
+    with pytest.raises(StagingError, match="goes through the symlink 'sub'; refused: remove the link"):
+        stage_dataset(src, dest, workers=2)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_planted_partial_link_is_not_written_through(tmp_path: Path) -> None:
+    src, dest, victim = make_source(tmp_path / "src"), tmp_path / "dest", tmp_path / "victim"
+    victim.write_text("keep")
+    dest.mkdir()
+    (dest / ".mlhpc_staging").write_text("an earlier staging\n")
+    (dest / ".a.bin.mlhpc-partial").symlink_to(victim)
+    stage_dataset(src, dest, workers=2)
+    assert victim.read_text() == "keep" and verify_staged(dest) == 2
