@@ -102,8 +102,9 @@ elif [[ -n $RUN_INDEX ]]; then
     rel=${logs[0]#"$run_out"/}
     dest=$OUT/${rel%result_0.txt}result_$RUN_INDEX.txt
     mkdir -p -- "$(dirname -- "$dest")"
-    [[ ! -e $dest ]] || die "$dest appeared while this run went on; its log stays in $run_out"
-    mv -- "${logs[0]}" "$dest"
+    # ln creates the name only if it is free, atomically: two jobs never both take one slot.
+    ln -- "${logs[0]}" "$dest" 2>/dev/null || die "$dest appeared while this run went on; its log stays in $run_out"
+    rm -f -- "${logs[0]}"
     # The run's time breakdown (mlhpc report) follows its log: breakdown/<org>/.../result_<i>.json.
     breakdown_rel=${rel/\/results\//\/} # <org>/<system>/strong/<benchmark>/result_0.txt
     breakdown=$run_out/breakdown/${breakdown_rel%.txt}.json
@@ -112,13 +113,14 @@ elif [[ -n $RUN_INDEX ]]; then
         mkdir -p -- "$(dirname -- "$breakdown_dest")"
         mv -- "$breakdown" "$breakdown_dest"
     fi
-    # systems/<system>.json and benchmarks/<benchmark>/implementations/: the first run's copy wins.
+    # systems/<system>.json and benchmarks/<benchmark>/implementations/: the first run's copy wins,
+    # taken whole (a hard link to the finished file) so a job finishing beside it never sees half.
     org=${rel%%/*}
     while IFS= read -r -d '' file; do
         target=$OUT/${file#"$run_out"/}
         if [[ ! -e $target ]]; then
             mkdir -p -- "$(dirname -- "$target")"
-            cp -p -- "$file" "$target"
+            ln -- "$file" "$target" 2>/dev/null || [[ -e $target ]] || cp -p -- "$file" "$target"
         fi
     done < <(find "$run_out/$org" -type f -print0)
     rm -rf -- "$run_out"
