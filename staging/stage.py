@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from mlhpc.common.datasets import DATASET_COMPLETE, DATASET_GENERATING
@@ -38,7 +38,14 @@ from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file, scan_dataset
 from mlhpc.staging.plan import Mode, node_files
-from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, direct_writes_pay, staged_path, write_error
+from mlhpc.staging.sink import (
+    PARTIAL_SUFFIX,
+    SinkOptions,
+    direct_writes_pay,
+    forget_checked_dirs,
+    staged_path,
+    write_error,
+)
 
 log = logging.getLogger(__name__)
 STAGED_MARKER = ".mlhpc_staged.json"
@@ -109,6 +116,7 @@ def stage_dataset(
     src, dest = Path(src), Path(dest)
     started = time.perf_counter()
     refuse_overlap(src, dest)
+    forget_checked_dirs()
     with ExitStack() as locked:  # DEST's lock, held until the marker is written
         lock_destination(comm, src, dest, locked)
         topo = comm.topology
@@ -220,7 +228,12 @@ def folder_mode(src_folder: Path) -> int:
 def keep_folder_modes(src: Path, dest: Path, paths: Iterable[str]) -> None:
     """Give the folders of the staged `paths` their source folders' modes (a stat of each folder
     of the source, not of each file)."""
-    folders = {str(parent) for p in paths for parent in PurePosixPath(p).parents} - {"."}
+    folders: set[str] = set()
+    for path in paths:  # string splits: PurePosixPath.parents cost 19 us a file (0.19 s for 10,000)
+        folder = path.rpartition("/")[0]
+        while folder and folder not in folders:
+            folders.add(folder)
+            folder = folder.rpartition("/")[0]
     for folder in sorted(folders):
         try:
             mode = folder_mode(src / folder)

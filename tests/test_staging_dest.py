@@ -85,9 +85,11 @@ def test_the_cli_refuses_a_users_folder_in_one_line(tmp_path: Path, capsys: pyte
 
 def test_a_link_planted_in_an_earlier_staging_is_not_written_through(tmp_path: Path) -> None:
     src, dest, outside = make_source(tmp_path / "src"), tmp_path / "dest", tmp_path / "outside"
+    (src / "sub" / "c.bin").write_bytes(b"c")  # a second file: 'sub' is found real, and remembered
     stage_dataset(src, dest, workers=2)
     outside.mkdir()
-    (dest / "sub" / "b.bin").unlink()
+    for staged in (dest / "sub").iterdir():
+        staged.unlink()
     (dest / "sub").rmdir()
     (dest / "sub").symlink_to(outside)  # the folder of a file to restage now leads out of DEST
     with pytest.raises(StagingError, match="goes through the symlink 'sub'; refused: remove the link"):
