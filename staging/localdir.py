@@ -50,6 +50,7 @@ def claim_stage_dir(folder: Path, out: str | os.PathLike[str]) -> None:
     owner = {
         "host": socket.gethostname(),
         "boot_id": _boot_id(),
+        "pid_namespace": _pid_namespace(),
         "pid": pid,
         "start_ticks": _start_ticks(pid),
         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -98,6 +99,8 @@ def _owner_gone(owner: dict[str, Any]) -> bool:
     boot = _boot_id()
     if boot and owner.get("boot_id") and owner["boot_id"] != boot:
         return True  # every process of an earlier boot has ended
+    if owner.get("pid_namespace") != _pid_namespace():
+        return False  # another container sharing the host name: its pids are not ours to look up
     pid = owner["pid"]
     try:
         os.kill(pid, 0)
@@ -108,6 +111,14 @@ def _owner_gone(owner: dict[str, Any]) -> bool:
     # Alive: the same process only if it started at the same tick since boot (pids are reused).
     then, now = owner.get("start_ticks"), _start_ticks(pid)
     return then is not None and now is not None and then != now
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace ("pid:[4026531836]"), which containers may not share."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def _boot_id() -> str | None:

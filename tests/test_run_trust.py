@@ -249,15 +249,18 @@ def test_only_folders_of_gone_owners_on_this_host_are_removed(tmp_path: Path) ->
     host = socket.gethostname()
     live = tmp_path / "mlhpc-stage-cosmoflow-live"
     claim_stage_dir(live, tmp_path / "out")  # this very process: alive
-    gone = fake_stage_dir(tmp_path, "gone", host=host, pid=dead_pid())
     reused = json.loads((live / STAGE_OWNER).read_text())
+    namespace = reused["pid_namespace"]
+    gone = fake_stage_dir(tmp_path, "gone", host=host, pid_namespace=namespace, pid=dead_pid())
     reused_pid = fake_stage_dir(tmp_path, "reused", **{**reused, "start_ticks": reused["start_ticks"] - 1})
     rebooted = fake_stage_dir(tmp_path, "rebooted", **{**reused, "boot_id": "an-earlier-boot"})
     kept = [
         live,
         fake_stage_dir(tmp_path, "elsewhere", host=f"not-{host}", pid=dead_pid()),
         fake_stage_dir(tmp_path, "unmarked"),
-        fake_stage_dir(tmp_path, "group", host=host, pid=0),  # os.kill(0) would mean a process group
+        fake_stage_dir(tmp_path, "group", host=host, pid_namespace=namespace, pid=0),  # 0: a process group
+        # another container with this host name: its pid means nothing in this pid namespace
+        fake_stage_dir(tmp_path, "container", host=host, pid_namespace="pid:[1]", pid=dead_pid()),
     ]
     garbled = fake_stage_dir(tmp_path, "garbled")
     (garbled / STAGE_OWNER).write_text('{"host": "')
