@@ -241,9 +241,12 @@ def test_killed_at_a_random_point_then_a_rerun_completes(
     _, err = proc.communicate(timeout=120)
     finished = (dest / STAGED_MARKER).is_file()
     print(f"{sig.name} after {delay:.3f} s: exit {proc.returncode}, marker {finished}")
-    assert proc.returncode in (EXIT_CODES[sig], 0), err
+    # A signal after the command returned (staging done, Python shutting down) kills the process
+    # by the default action: it dies of the signal, as any finished program would.
+    after_the_end = (-sig,) if finished else ()
+    assert proc.returncode in (EXIT_CODES[sig], 0, *after_the_end), err
     assert "Traceback" not in err and "Exception ignored" not in err, err
-    if proc.returncode != 0 and sig != signal.SIGKILL:
+    if proc.returncode > 0 and sig != signal.SIGKILL:
         assert err.strip().splitlines()[-1] in ("mlhpc: interrupted", "mlhpc: terminated"), err
     wait_for(lambda: not workers_of(proc.pid), timeout=10, what="the copy workers to go")
     if finished:  # a marker is a promise: the copy verifies
