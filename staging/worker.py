@@ -121,7 +121,7 @@ def _start_worker() -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
         bufsize=1,
-        process_group=0,  # a terminal's Ctrl-C goes to the parent alone, which stops the workers
+        start_new_session=True,  # its own group: a terminal's Ctrl-C goes to the parent alone
     )
 
 
