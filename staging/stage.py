@@ -31,6 +31,7 @@ from mlhpc.common.datasets import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.common.errors import MlhpcError, StagingError
 from mlhpc.common.fileio import atomic_write_text, current_umask
 from mlhpc.common.locks import LOCK_NAME, FolderBusy, folder_lock
+from mlhpc.common.safepath import inside
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.copy import JOURNAL_PREFIX, close_journal, read_journals
@@ -362,8 +363,7 @@ def refuse_unless_staged_here(dest: Path, src: Path) -> None:
 def refuse_overlap(src: Path, dest: Path) -> None:
     """SRC and DEST must be apart: a DEST inside SRC is listed as source on a rerun, and a SRC
     inside DEST is written over while it is read."""
-    real_src, real_dest = Path(os.path.realpath(src)), Path(os.path.realpath(dest))
-    if real_src == real_dest or real_src in real_dest.parents or real_dest in real_src.parents:
+    if inside(str(dest), os.path.realpath(src)) or inside(str(src), os.path.realpath(dest)):
         raise StagingError(
             f"staging source {src} and destination {dest} overlap; stage into a folder outside the source"
         )
