@@ -33,7 +33,15 @@ from mlhpc.common.safepath import inside, landing, link_target, relative_path
 from mlhpc.staging.archive_stream import CorruptArchiveError, open_archive
 from mlhpc.staging.copy import already_staged, journal
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
-from mlhpc.staging.sink import BUFFER_BYTES, PARTIAL_SUFFIX, BufferPool, FileSink, SinkOptions, Staged
+from mlhpc.staging.sink import (
+    BUFFER_BYTES,
+    PARTIAL_SUFFIX,
+    BufferPool,
+    FileSink,
+    SinkOptions,
+    Staged,
+    checked_dirs,
+)
 
 log = logging.getLogger(__name__)
 ARCHIVE_KINDS = {".tar": "tar", ".tar.gz": "gz", ".tgz": "gz", ".tar.zst": "zst", ".tzst": "zst"}
@@ -127,8 +135,9 @@ class ArchiveExtractor:
         self._budget = threading.BoundedSemaphore(_IN_FLIGHT_BYTES >> 20)
         self._buffers = BufferPool()
         self._lock = threading.Lock()
-        self._real_dirs: set[str] = set()
-        """Directories under `dest` seen to be real ones (no symlink), while no links are made."""
+        self._real_dirs = checked_dirs(str(dest), fresh=True)
+        """Directories under `dest` seen to be real ones (no symlink), shared with `FileSink`;
+        links are made last and never replace a directory, so they stay real."""
         self._real_dest = os.path.realpath(dest)
         self._seen: set[str] = set()
 

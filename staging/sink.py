@@ -35,6 +35,14 @@ into DEST meanwhile; each staging starts afresh (`forget_checked_dirs`), as DEST
 
 def forget_checked_dirs() -> None:
     _checked_dirs.clear()
+
+
+def checked_dirs(dest_root: str, *, fresh: bool = False) -> set[str]:
+    """The folders under `dest_root` found real so far (`fresh`: forget them first), for
+    `safepath.landing`'s `known`: every writer into one DEST shares them."""
+    if fresh:
+        _checked_dirs.pop(dest_root, None)
+    return _checked_dirs.setdefault(dest_root, set())
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 
 
@@ -132,7 +140,7 @@ class FileSink:
         self._umask = options.umask
         self.path = staged_path(source.path, options)
         # A folder on the way that is a symlink (planted, or an earlier copy's) could lead out of DEST.
-        known = _checked_dirs.setdefault(dest_root, set())
+        known = checked_dirs(dest_root)
         self.target = landing(dest_root, self.path, f"staging into {dest_root}:", _LINK_FIX, known)
         self.tmp = os.path.join(dest_root, partial_name(self.path))
         self._direct = options.direct_io
