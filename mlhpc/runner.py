@@ -5,7 +5,6 @@ Every rank runs this; rank 0 alone writes the submission directory.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -39,7 +38,7 @@ from mlhpc.resume import finished_runs, resumed_first_seed
 from mlhpc.staging import CallbackComm, Communicator, resolve_local_dir, stage_dataset
 from mlhpc.staging.comm import mpi_available
 from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_stale_stage_dirs
-from mlhpc.system_desc import default_system_name, describe_system, merge_system_json
+from mlhpc.system_desc import default_system_name, describe_system, merge_system_json, write_system_json
 
 T = TypeVar("T")
 
@@ -304,10 +303,7 @@ def write_submission_files(
     description = describe_system(
         ctx, submitter=opts.submitter, division=opts.division, status=opts.status, system=system
     )
-    path = system_json_path(org_dir, system)
-    merged = merge_system_json(path, description)
-    if not path.is_file() or merged != json.loads(path.read_text(encoding="utf-8")):
-        atomic_write_json(path, merged)
+    write_system_json(system_json_path(org_dir, system), description)
     impl = implementation_dir(org_dir, benchmark, "mlhpc-pytorch")
     atomic_write_text(impl / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(

@@ -13,6 +13,7 @@ import torch
 
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import SubmissionError
+from mlhpc.common.fileio import atomic_write_json
 
 # The fields a run's logs and results depend on: an existing file must agree with the run.
 RUN_FIELDS: dict[str, str] = {
@@ -57,14 +58,33 @@ def merge_system_json(path: Path, description: dict[str, Any]) -> dict[str, Any]
     there is kept: hand-added ones, and measured ones such as `framework` that a user may have
     corrected (or an earlier run wrote), so a run never overwrites them. A RUN_FIELDS value that
     differs from the run's is a SubmissionError naming the file, the field, both values and the fix."""
+    return _merged(path, _read_fields(path), description)
+
+
+def write_system_json(path: Path, description: dict[str, Any]) -> None:
+    """`merge_system_json`, written to `path` only when it adds a field (the file is read once)."""
+    existing = _read_fields(path)
+    merged = _merged(path, existing, description)
+    if merged != existing:
+        atomic_write_json(path, merged)
+
+
+def _read_fields(path: Path) -> dict[str, Any] | None:
+    """The system description at `path`, or None when there is none."""
     if not path.is_file():
-        return dict(description)
+        return None
     try:
         existing = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise SubmissionError(f"cannot read {path} ({e}); fix it or move it away") from e
     if not isinstance(existing, dict):
         raise SubmissionError(f"{path} is not a JSON object of system fields; fix it or move it away")
+    return existing
+
+
+def _merged(path: Path, existing: dict[str, Any] | None, description: dict[str, Any]) -> dict[str, Any]:
+    if existing is None:
+        return dict(description)
     for name, flag in RUN_FIELDS.items():
         if name in existing and name in description and existing[name] != description[name]:
             fix = (
