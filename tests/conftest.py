@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,33 @@ def cli_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+_HOLD_LOCK = """
+import sys
+from pathlib import Path
+from mlhpc.common.locks import folder_lock
+with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextmanager
+def lock_held_elsewhere(folder: Path) -> Iterator[int]:
+    """`folder`'s mlhpc lock held by another process for the block; yields that process's pid."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield holder.pid
+    finally:
+        holder.communicate("")
 
 
 def mlhpc_cli(

@@ -57,7 +57,7 @@ from mlhpc.staging.sink import (
     supports_direct_io,
 )
 from mlhpc.staging.stage import check_free_space, prepare_destination
-from tests.conftest import cli_env, dataset_files
+from tests.conftest import cli_env, dataset_files, lock_held_elsewhere
 
 
 @pytest.fixture
@@ -584,32 +584,12 @@ def test_archive_members_keep_their_modes_without_special_bits(tmp_path: Path) -
     assert modes == {"secret.bin": 0o600, "tool": 0o755, "open.bin": 0o644}
 
 
-HOLD_LOCK = """
-import sys
-from pathlib import Path
-from mlhpc.common.locks import folder_lock
-with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
-    print("held", flush=True)
-    sys.stdin.read()
-"""
-
-
 def test_a_destination_another_process_holds_is_refused_before_any_work(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(dest)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        with pytest.raises(StagingError, match=rf"{dest} is in use by pid {holder.pid} on .*a test's hold"):
+    with lock_held_elsewhere(dest) as holder:
+        with pytest.raises(StagingError, match=rf"{dest} is in use by pid {holder} on .*a test's hold"):
             stage_dataset(source, dest)
         assert [p.name for p in dest.iterdir()] == [".mlhpc.lock"]
-    finally:
-        holder.communicate("")
     report = stage_dataset(source, dest)  # the holder is gone: its lock with it
     assert report.copied_files == 7 and verify_staged(dest) == 7
 

@@ -21,7 +21,7 @@ import pytest
 
 from mlhpc.common.locks import LOCK_NAME
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest
-from tests.conftest import cli_env, dataset_files
+from tests.conftest import cli_env, dataset_files, lock_held_elsewhere
 
 KILL_SEED = 20261124
 
@@ -144,16 +144,6 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(tmp_path: Path) ->
     assert dataset_files(dest) == dataset_files(src)
 
 
-HOLD_LOCK = """
-import sys
-from pathlib import Path
-from mlhpc.common.locks import folder_lock
-with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
-    print("held", flush=True)
-    sys.stdin.read()
-"""
-
-
 @pytest.mark.distributed
 def test_every_rank_of_the_node_fails_with_the_holders_line(tmp_path: Path) -> None:
     """Local rank 0 takes the node's lock; rank 1 learns of the refusal through the agreement.
@@ -161,18 +151,10 @@ def test_every_rank_of_the_node_fails_with_the_holders_line(tmp_path: Path) -> N
     other fails, and their lines would interleave on one stderr)."""
     src = small_files(tmp_path / "src", 10)
     dest = tmp_path / "dest"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(dest)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with lock_held_elsewhere(dest) as holder:
         ranks = [
             subprocess.Popen(
                 stage_command(src, dest),
@@ -191,13 +173,11 @@ def test_every_rank_of_the_node_fails_with_the_holders_line(tmp_path: Path) -> N
             for r in (0, 1)
         ]
         errors = [rank.communicate(timeout=300)[1] for rank in ranks]
-    finally:
-        holder.communicate("")
     assert [rank.returncode for rank in ranks] == [2, 2], errors
     assert errors[0] == errors[1], errors
     lines = errors[0].strip().splitlines()
     assert len(lines) == 1, errors  # one line each, no traceback
-    assert lines[0].startswith(f"mlhpc: error: rank 0: {dest} is in use by pid {holder.pid} on ")
+    assert lines[0].startswith(f"mlhpc: error: rank 0: {dest} is in use by pid {holder} on ")
     assert [p.name for p in dest.iterdir()] == [LOCK_NAME]
 
 
