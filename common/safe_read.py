@@ -92,6 +92,15 @@ def link_refusal(why: str) -> Refusal:
     return Refusal("link-out", why, "copy the file into the folder instead of linking it")
 
 
+def judge(
+    path: Path | str, root: Path | str, max_bytes: int | None = None, *, what: str = "such a file"
+) -> Refusal | None:
+    """Why `path`, found under `root`, must not be read: a link out of `root` or a loop, else
+    what `refusal` says; None when it may be read."""
+    why = link_out(path, root)
+    return link_refusal(why) if why is not None else refusal(path, max_bytes, what=what)
+
+
 def _open_fd(path: Path | str, max_bytes: int | None, what: str) -> int:
     refused = refusal(path, max_bytes, what=what)
     if refused is not None:

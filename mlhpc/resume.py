@@ -26,9 +26,7 @@ def finished_runs(paths: Iterable[Path]) -> dict[int, int]:
         index = path.stem.rsplit("_", 1)[-1]
         if not index.isdigit():
             continue
-        why = safe_read.link_out(path, path.parent)
-        problem = safe_read.link_refusal(why) if why is not None else None
-        problem = problem or safe_read.refusal(path, MAX_RESULT_BYTES, what="a result log")
+        problem = safe_read.judge(path, path.parent, MAX_RESULT_BYTES, what="a result log")
         if problem is not None:
             raise SubmissionError(f"{problem.line(path)}, then resume ({_NOT_RUN_OVER})")
         try:
