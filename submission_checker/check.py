@@ -9,6 +9,7 @@ from pathlib import Path
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import required_run_count
 
+from .claims import check_logs_against_system, check_scale_claim
 from .compliance import DEFAULT_RULESET, LogAnalysis, analyse_logs, known_rulesets, refusal, validate_ruleset
 from .findings import RULE_SYMLINK, Finding
 from .layout_checks import (
@@ -30,6 +31,8 @@ from .ruleset import RulesetChoice, detect_ruleset
 from .run_checks import (
     check_instance_scale,
     check_log_file,
+    check_pruned_logs,
+    check_pruned_seeds,
     check_run_scale,
     check_seeds,
     check_strong_score,
@@ -58,6 +61,16 @@ def _division(system: SystemDesc, files: Sequence[LogAnalysis]) -> str | None:
 def _metric(files: Sequence[LogAnalysis]) -> str | None:
     keys = [key for a in files if a.log is not None for key, _, _ in a.log.evals]
     return max(EVAL_KEYS, key=keys.count) if keys else None
+
+
+def _pruned_reports(files: Sequence[LogAnalysis], root: Path) -> tuple[RunReport, ...]:
+    reports = []
+    for analysis in files:
+        timing = run_timing(analysis)
+        reports.append(
+            RunReport(_relative(analysis.path, root), timing.minutes, analysis.compliant, "pruned")
+        )
+    return tuple(reports)
 
 
 def _run_reports(
@@ -118,6 +131,7 @@ def score_entry(
 ) -> EntryReport:
     """Checks and score of one entry, from its files' analyses."""
     files = [analyses[str(p)] for p in entry.result_files]
+    pruned = [analyses[str(p)] for p in entry.pruned_files]
     division = _division(system, files)
     findings: list[Finding] = [
         *check_benchmark_name(entry, ruleset),
@@ -126,8 +140,12 @@ def score_entry(
     ]
     for analysis in files:
         findings += check_log_file(analysis)
+    findings += check_pruned_logs(pruned)
     findings += check_seeds(entry.path, files, closed=division == "closed")
+    findings += check_pruned_seeds(files, pruned, closed=division == "closed")
     findings += check_run_scale(entry.path, files)
+    findings += check_logs_against_system(entry, [*files, *pruned], system)
+    findings += check_scale_claim(entry, [*files, *pruned], system)
     score, score_findings = _score(entry, files)
     known = entry.benchmark in required_benchmarks()
     rcp, factor, rcp_findings = entry_rcp(entry, files, ruleset, closed=division == "closed" and known)
@@ -148,6 +166,7 @@ def score_entry(
         num_models=score.num_models,
         instance_scale=score.instance_scale,
         metric=metric,
+        pruned_runs=_pruned_reports(pruned, root),
     )
 
 
@@ -201,7 +220,7 @@ def check_submission(path: Path | str, *, ruleset: str | None = None, jobs: int 
         raise SubmissionError(f"cannot read {e.filename or root}: {e.strerror or e}") from e
     if not entries:
         raise SubmissionError(f"{root} holds no results/<system>/<strong|weak>/<benchmark>/ folder to check")
-    files = [p for e in entries for p in e.result_files]
+    files = [p for e in entries for p in (*e.result_files, *e.pruned_files)]
     links = {str(p): why for p in files if (why := link_out(p, root)) is not None}
     readable = [p for p in files if str(p) not in links]
     choice = _choose_ruleset(ruleset, readable)

@@ -40,7 +40,12 @@ def _count(findings: tuple[Finding, ...]) -> str:
 
 def _runs(entry: EntryReport) -> str:
     dropped = entry.dropped_runs
-    return f"{len(entry.runs)}" + (f" ({dropped} dropped)" if dropped else "")
+    pruned = len(entry.pruned_runs)
+    return (
+        f"{len(entry.runs)}"
+        + (f" ({dropped} dropped)" if dropped else "")
+        + (f" +{pruned} pruned" if pruned else "")
+    )
 
 
 def _rcp(entry: EntryReport) -> str:

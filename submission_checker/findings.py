@@ -29,6 +29,11 @@ RULE_INSTANCE_SCALE = "instance-scale"
 RULE_RCP = "rcp"
 RULE_SCALING_JSON = "scaling-json"
 RULE_SCORE = "score"
+RULE_PRUNED = "pruned-log"
+RULE_SEED_PRUNED = "seed-pruned"
+RULE_SCALE_CLAIM = "scale-claim"
+RULE_LOG_SYSTEM = "log-vs-system"
+RULE_ENERGY = "energy"
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ from .findings import (
 RESULT_GLOB = "result_*.txt"
 # Files a results/<system>/<scaling>/<benchmark>/ folder may hold besides result_*.txt.
 ALLOWED_EXTRA = frozenset({"package_checker_params", "scaling.json", "power"})
+# Weak scaling only: results/<system>/weak/<benchmark>/pruned_results/result_<i>.txt, the logs of
+# instances pruned after the run (HPC training rules: they must be valid and compliant).
+PRUNED_DIR = "pruned_results"
 MAX_SYSTEM_JSON_BYTES = 1 * 2**20
 # Fields the summarizer turns into numbers with int() (it stops on anything else).
 SYSTEM_INT_FIELDS = ("number_of_nodes", "host_processors_per_node", "accelerators_per_node")
@@ -76,6 +79,8 @@ class EntryDir:
     scaling: Scaling
     benchmark: str
     result_files: tuple[Path, ...]
+    pruned_files: tuple[Path, ...] = ()
+    """Weak scaling: the logs under pruned_results/ (not scored; checked, counted, seeds compared)."""
 
     @property
     def submitter(self) -> str:
@@ -154,12 +159,33 @@ def find_entries(org_dir: Path, root: Path) -> tuple[list[EntryDir], list[Findin
                 continue
             scaling: Scaling = "strong" if scaling_dir.name == "strong" else "weak"
             for bench_dir in _subdirs(scaling_dir, root, findings):
-                files = sorted(
-                    (p for p in bench_dir.glob(RESULT_GLOB) if p.is_file() or p.is_symlink()),
-                    key=_result_order,
-                )
-                entries.append(EntryDir(org_dir, system_dir.name, scaling, bench_dir.name, tuple(files)))
+                files = _result_files(bench_dir)
+                pruned = _pruned_files(bench_dir, scaling, root, findings)
+                entries.append(EntryDir(org_dir, system_dir.name, scaling, bench_dir.name, files, pruned))
     return entries, findings
+
+
+def _result_files(folder: Path) -> tuple[Path, ...]:
+    found = (p for p in folder.glob(RESULT_GLOB) if p.is_file() or p.is_symlink())
+    return tuple(sorted(found, key=_result_order))
+
+
+def _pruned_files(bench_dir: Path, scaling: Scaling, root: Path, findings: list[Finding]) -> tuple[Path, ...]:
+    """The result_*.txt under a weak entry's pruned_results/ (a link out of `root` is a finding)."""
+    folder = bench_dir / PRUNED_DIR
+    why = link_out(folder, root)
+    if why is not None:
+        findings.append(_symlink_finding(folder, why))
+        return ()
+    if scaling != "weak" or not folder.is_dir():
+        return ()
+    files = _result_files(folder)
+    stray = sorted(p.name for p in folder.iterdir() if p not in set(files))
+    if stray:
+        message = f"unexpected file(s) in {PRUNED_DIR}/: {', '.join(stray[:5])}"
+        fix = f"keep only the pruned instances' {RESULT_GLOB} logs there"
+        findings.append(warning(folder, RULE_LAYOUT, message, fix=fix))
+    return files
 
 
 def known_benchmarks(ruleset: str) -> list[str]:
@@ -266,7 +292,8 @@ def check_run_count(entry: EntryDir) -> list[Finding]:
 def check_stray_files(entry: EntryDir) -> list[Finding]:
     """Files that neither are results nor known extras (the official checker warns too)."""
     results = set(entry.result_files)
-    stray = sorted(p.name for p in entry.path.iterdir() if p not in results and p.name not in ALLOWED_EXTRA)
+    allowed = ALLOWED_EXTRA | ({PRUNED_DIR} if entry.scaling == "weak" else set())
+    stray = sorted(p.name for p in entry.path.iterdir() if p not in results and p.name not in allowed)
     if not stray:
         return []
     message = f"unexpected file(s) {', '.join(stray)}"

@@ -69,6 +69,12 @@ class RunLog:
     """Value of the first `achieved_flops_per_s` line (HPC AI500 benchmarks), if a finite number."""
     valid_flops: float | None = None
     """Value of the first `valid_flops` line (HPC AI500's Valid FLOPS), if a finite number."""
+    org: Any = None
+    """Value of the first `submission_org` line."""
+    platform: Any = None
+    """Value of the first `submission_platform` line."""
+    status: Any = None
+    """Value of the first `submission_status` line."""
 
     @property
     def has_start_stop(self) -> bool:
@@ -239,6 +245,9 @@ def parse_log(path: Path | str) -> RunLog:
         long_line=long_line,
         achieved_flops_per_s=_number(first.get(ACHIEVED_FLOPS)),
         valid_flops=_number(first.get(VALID_FLOPS)),
+        org=first.get("submission_org"),
+        platform=first.get("submission_platform"),
+        status=first.get("submission_status"),
     )
 
 

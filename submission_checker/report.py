@@ -76,6 +76,8 @@ class EntryReport:
     """Weak scaling: S, accelerators per model."""
     metric: str | None = None
     """The eval key the runs' convergence is measured by (eval_error, eval_accuracy)."""
+    pruned_runs: tuple[RunReport, ...] = ()
+    """Weak scaling: the instances under pruned_results/ (checked, never scored)."""
 
     @property
     def dropped_runs(self) -> int:
@@ -113,6 +115,7 @@ class EntryReport:
             "num_models": self.num_models,
             "instance_scale": self.instance_scale,
             "rcp": None if self.rcp is None else self.rcp.to_json(),
+            "pruned_runs": [r.to_json() for r in self.pruned_runs],
             "findings": [f.to_dict() for f in self.findings],
         }
 

@@ -14,12 +14,14 @@ from .findings import (
     RULE_COMPLIANCE,
     RULE_INSTANCE_SCALE,
     RULE_LOG_PARSE,
+    RULE_PRUNED,
     RULE_RUN_SCALE,
     RULE_RUN_START_STOP,
     RULE_RUN_STATUS,
     RULE_SCORE,
     RULE_SEED,
     RULE_SEED_MISSING,
+    RULE_SEED_PRUNED,
     RULE_TIMESTAMPS,
     Finding,
     error,
@@ -177,3 +179,48 @@ def check_weak_score(entry_path: Path, runs: Sequence[RunTiming], required: int 
         return []
     message = f"no score: {counted} compliant model(s), weak scaling needs at least {required}"
     return [error(entry_path, RULE_SCORE, message, fix="fix or rerun the dropped models")]
+
+
+def check_pruned_logs(analyses: Sequence[LogAnalysis]) -> list[Finding]:
+    """Pruned instances' logs must be valid and compliant too (HPC training rules); one finding a
+    file, naming its first problem. They never count towards the score, so a warning."""
+    findings: list[Finding] = []
+    for analysis in analyses:
+        if analysis.compliant:
+            continue
+        problems = check_log_file(analysis)
+        first = problems[0] if problems else None
+        where = None if first is None else first.line
+        what = "fails the official compliance checker" if first is None else first.message
+        message = f"pruned log is not valid and compliant: {what}"
+        fix = first.fix if first is not None and first.fix else FIX_LOG
+        findings.append(warning(analysis.path, RULE_PRUNED, message, where, fix=fix))
+    return findings
+
+
+def check_pruned_seeds(
+    analyses: Sequence[LogAnalysis], pruned: Sequence[LogAnalysis], *, closed: bool
+) -> list[Finding]:
+    """Closed division: a kept instance whose seed is also a pruned instance's seed.
+
+    "Runs with identical seeds must be pruned from final results" (HPC training rules): pruning
+    one of two runs that share a seed leaves the other one in the score with that seed.
+    """
+    if not closed or not pruned:
+        return []
+    pruned_seeds: dict[str, str] = {}
+    for a in pruned:
+        for seed, _ in () if a.log is None else a.log.seeds:
+            pruned_seeds.setdefault(seed, Path(a.path).name)
+    findings: list[Finding] = []
+    for a in analyses:
+        for seed, line in () if a.log is None else a.log.seeds:
+            if seed in pruned_seeds:
+                message = (
+                    f"seed {seed} is also the seed of pruned_results/{pruned_seeds[seed]}; the rules "
+                    "prune runs with identical seeds, and this one is scored"
+                )
+                fix = "prune every run that shares a seed, or give every instance its own seed"
+                findings.append(warning(a.path, RULE_SEED_PRUNED, message, line, fix=fix))
+                break
+    return findings

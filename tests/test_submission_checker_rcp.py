@@ -218,7 +218,8 @@ def test_open_division_takes_no_rcp_check_but_reads_scaling_json(tmp_path: Path)
     (oc20 / "scaling.json").write_text('{"scaling_factor": "x"}')
     (entry,) = check_submission(org).entries
     assert entry.rcp_scaling_factor == 1.0
-    assert [f.rule for f in entry.findings] == ["scaling-json"]
+    # The published logs disagree with the system description (placeholders, other sizes).
+    assert [f.rule for f in entry.findings if f.rule != "log-vs-system"] == ["scaling-json"]
 
 
 # --- the decision on crafted reads ------------------------------------------------------
