@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from types import ModuleType
 from typing import Any
 
@@ -29,3 +30,12 @@ def device_id(ctx: Any) -> int | None:
     import torch
 
     return ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+
+
+def choose_loader(requested: str, ctx: Any) -> str:
+    """data.loader as configured; auto is DALI on a GPU when DALI is installed, else torch's
+    DataLoader (which always works)."""
+    if requested != "auto":
+        return requested
+    on_gpu = ctx.device.type == "cuda"
+    return "dali" if on_gpu and importlib.util.find_spec("nvidia.dali") is not None else "torch"

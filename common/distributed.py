@@ -75,6 +75,16 @@ class DistContext:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
 
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Elementwise maximum of `tensor` over all ranks, in place, and return it."""
+        if not self.distributed:
+            return tensor
+        if self._hvd is not None:
+            tensor.copy_(self._hvd.allreduce(tensor, op=self._hvd.Max))
+        else:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return tensor
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         if not self.distributed:
             return obj
@@ -123,13 +133,21 @@ class DistContext:
             instance=instance if instances > 1 else None,
         )
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, backward_passes_per_step: int = 1
+    ) -> Any:
+        """Horovod's all-reducing optimizer (once per `backward_passes_per_step` backward passes);
+        under torch.distributed, DDP already all-reduces and the optimizer is returned as it is."""
         if self._hvd is None or not self.distributed:
             return optimizer
         hvd = self._hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        return hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            backward_passes_per_step=backward_passes_per_step,
+        )
 
 
 def init_distributed(

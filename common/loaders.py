@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
-from mlhpc.common.loop import LoopConfig
+from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.registry import DataBundle
 
 

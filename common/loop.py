@@ -1,6 +1,11 @@
 """The one time-to-train loop every benchmark plugs into.
 
 init -> (stage) -> run_start -> (stage) -> {train an epoch, evaluate, target reached?} -> run_stop
+
+Inside the scored region a training step makes no host sync and no collective beyond DDP's own
+gradient all-reduce (none at all on accumulation micro-steps): the loss is checked for NaN/inf on
+the device, and the ranks agree on it where they sync anyway, at the end of each epoch (or every
+loop.finite_check_interval steps).
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,48 +22,23 @@ from typing import Any, Literal
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from mlhpc.common import run_events
 from mlhpc.common.distributed import DistContext
+from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.mllogger import MLLog, constants
 from mlhpc.common.registry import Benchmark, DataBundle
 from mlhpc.common.seeding import seed_everything
 from mlhpc.common.timing import Breakdown, PhaseTimer
 
+__all__ = ["LoopConfig", "RunResult", "StagedData", "SubmissionInfo", "train_to_target"]
 
-@dataclass(kw_only=True, frozen=True)
-class LoopConfig:
-    """Settings of the shared loop; every benchmark config has one as its `loop` section."""
-
-    global_batch_size: int
-    """Samples per optimizer step over all ranks."""
-    max_epochs: int
-    """Stop with status aborted if the target is not reached by this epoch."""
-    target: float
-    """Quality target of the benchmark's metric (e.g. MAE 0.124 for CosmoFlow)."""
-    gradient_accumulation_steps: int = 1
-    """Micro-batches summed before each optimizer step."""
-    amp: bool = False
-    """Mixed precision (CUDA only; ignored on CPU)."""
-    sync_timing: bool = True
-    """On a GPU, synchronize at every phase boundary of the time breakdown, so that each phase is
-    charged its own kernels (exact, costs a few percent); false: phases time kernel launches."""
-
-    def __post_init__(self) -> None:
-        if self.global_batch_size <= 0:
-            raise ValueError(f"loop.global_batch_size={self.global_batch_size} must be positive")
-        if self.max_epochs <= 0:
-            raise ValueError(f"loop.max_epochs={self.max_epochs} must be positive")
-        if self.gradient_accumulation_steps <= 0:
-            raise ValueError("loop.gradient_accumulation_steps must be at least 1")
-
-    def local_batch_size(self, world_size: int) -> int:
-        """Per-rank micro-batch; the global batch must split evenly over ranks and micro-batches."""
-        parts = world_size * self.gradient_accumulation_steps
-        if self.global_batch_size % parts:
-            raise ValueError(
-                f"loop.global_batch_size={self.global_batch_size} is not divisible by "
-                f"world_size x gradient_accumulation_steps={parts}; pick a multiple of {parts}"
-            )
-        return self.global_batch_size // parts
+_MEMORY_FORMATS = {
+    "contiguous": torch.contiguous_format,
+    "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d,
+}
+_INPUT_DIMS = {"channels_last": 4, "channels_last_3d": 5}
+"""The tensors a memory format applies to: NCHW batches for channels_last, NCDHW for _3d."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,93 +94,93 @@ def train_to_target(
 ) -> RunResult:
     """Train `bench` from scratch until its target, logging every MLLOG event the rules require."""
     loop: LoopConfig = cfg.loop
-    sync = torch.cuda.synchronize if ctx.device.type == "cuda" and loop.sync_timing else None
-    timer = PhaseTimer(sync=sync)
+    timer = PhaseTimer(
+        sync=torch.cuda.synchronize if ctx.device.type == "cuda" and loop.sync_timing else None
+    )
+    memory_format = resolve_memory_format(loop, bench, ctx.device)
+
     log.event(constants.CACHE_CLEAR, value=_clear_page_cache(ctx) if clear_cache else False)
     init_started = time.perf_counter()
-    log.start(constants.INIT_START)
-    log.event(constants.SUBMISSION_BENCHMARK, bench.name)
-    log.event(constants.SUBMISSION_ORG, submission.org)
-    log.event(constants.SUBMISSION_DIVISION, submission.division)
-    log.event(constants.SUBMISSION_STATUS, submission.status)
-    log.event(constants.SUBMISSION_PLATFORM, submission.platform)
-    log.event(constants.SEED, seed)
-    log.event("number_of_nodes", ctx.num_nodes)
-    log.event("accelerators_per_node", ctx.local_world_size if ctx.device.type == "cuda" else 0)
-    with timer.phase("init"):
+    with run_events.init(log), timer.phase("init"):
+        _log_submission(log, bench.name, submission, seed, ctx)
         seed_everything(seed)
-        model = ctx.wrap_model(bench.build_model(cfg).to(ctx.device))
+        raw_model = bench.build_model(cfg).to(ctx.device, memory_format=_MEMORY_FORMATS[memory_format])
+        if loop.compile:
+            raw_model.compile()  # in place: parameter names and DDP's view of them stay as they are
+        model = ctx.wrap_model(raw_model)
         for key, value in bench.hyperparameters(cfg, ctx).items():
             log.event(key, value)
-    log.end(constants.INIT_STOP)
-
-    staged = _stage(stage, log, timer) if not staging_inside_run else None
+    staged = None if staging_inside_run else _stage(stage, log, timer)
     with timer.phase("communication"):
         ctx.barrier()
-    log.start(constants.RUN_START)
+
     run_started = time.perf_counter()
     init_seconds = run_started - init_started
+    training: _Training | None = None
     metrics: list[float] = []
-    samples_per_s = 0.0
     epoch = 0
-    in_epoch = False
     error: str | None = None
-    stats = _TrainStats()
-    try:
-        staged = staged or _stage(stage, log, timer)
-        with timer.phase("setup"):
-            data = bench.build_data(cfg, staged.path, ctx, seed)
-            log.event(constants.TRAIN_SAMPLES, data.train_samples)
-            log.event(constants.EVAL_SAMPLES, data.eval_samples)
-            optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, _len(data.train))
-            optimizer = ctx.wrap_optimizer(optimizer, model)
-        for epoch in range(1, loop.max_epochs + 1):
-            if data.set_epoch is not None:
-                data.set_epoch(epoch)
-            log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
-            in_epoch = True
-            samples_per_s = _train_epoch(
-                bench, model, optimizer, scheduler, data, ctx, loop, epoch, timer, stats
+    with run_events.run(log) as run_stop:
+        try:
+            staged = staged or _stage(stage, log, timer)
+            with timer.phase("setup"):
+                data = bench.build_data(cfg, staged.path, ctx, seed)
+                log.event(constants.TRAIN_SAMPLES, data.train_samples)
+                log.event(constants.EVAL_SAMPLES, data.eval_samples)
+                # The schedules count optimizer steps, not micro-batches.
+                steps_per_epoch = _len(data.train) // loop.gradient_accumulation_steps
+                optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, steps_per_epoch)
+                optimizer = ctx.wrap_optimizer(optimizer, model, loop.gradient_accumulation_steps)
+            training = _Training(
+                bench=bench,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                data=data,
+                ctx=ctx,
+                loop=loop,
+                timer=timer,
+                memory_format=memory_format,
+                steps_per_epoch=steps_per_epoch,
             )
-            in_epoch = False
-            log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
-            log.event("tracked_stats", {"throughput": samples_per_s}, {constants.EPOCH_NUM: epoch})
-            log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
-            with timer.phase("evaluation"):
-                metric = _evaluate(bench, model, data, ctx)
-            log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
-            log.event(bench.target.metric, metric, {constants.EPOCH_NUM: epoch})
-            metrics.append(metric)
-            if not math.isfinite(metric):
-                raise _Abort(f"{bench.target.metric} is {metric} at epoch {epoch}")
-            if bench.target.reached(metric, loop.target):
-                break
-        else:
-            raise _Abort(
-                f"{bench.target.metric} {metrics[-1]:.4f} did not reach the target {loop.target} "
-                f"in loop.max_epochs={loop.max_epochs}; raise it or check the learning rate"
-            )
-    except _Abort as abort:
-        if in_epoch:  # close the interval so the aborted log stays well-formed
-            log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
-        error = str(abort)
-    with timer.phase("communication"):
-        samples_seen, achieved = _global_flops(stats, timer, ctx)
-    status = constants.SUCCESS if error is None else constants.ABORTED
-    result = RunResult(
-        status=status,
-        epochs=epoch,
-        metrics=metrics,
-        run_seconds=time.perf_counter() - run_started,
-        train_samples_per_s=samples_per_s,
-        flops_per_sample=stats.flops_per_sample,
-        achieved_flops_per_s=achieved,
-        error=error,
-    )
-    if bench.run_end_events is not None:
-        for key, value in bench.run_end_events(cfg, result).items():
-            log.event(key, value)
-    log.end(constants.RUN_STOP, metadata={constants.STATUS: status, constants.EPOCH_NUM: epoch})
+            for epoch in range(1, loop.max_epochs + 1):
+                if data.set_epoch is not None:
+                    data.set_epoch(epoch)
+                with run_events.epoch(log, epoch):
+                    samples_per_s = training.train_epoch(epoch)
+                log.event("tracked_stats", {"throughput": samples_per_s}, {constants.EPOCH_NUM: epoch})
+                with run_events.evaluation(log, epoch), timer.phase("evaluation"):
+                    metric = training.evaluate()
+                log.event(bench.target.metric, metric, {constants.EPOCH_NUM: epoch})
+                metrics.append(metric)
+                if not math.isfinite(metric):
+                    raise _Abort(f"{bench.target.metric} is {metric} at epoch {epoch}")
+                if bench.target.reached(metric, loop.target):
+                    break
+            else:
+                raise _Abort(
+                    f"{bench.target.metric} {metrics[-1]:.4f} did not reach the target {loop.target} "
+                    f"in loop.max_epochs={loop.max_epochs}; raise it or check the learning rate"
+                )
+        except _Abort as abort:
+            error = str(abort)
+        stats = training.stats if training is not None else _TrainStats()
+        with timer.phase("communication"):
+            samples_seen, achieved = _global_flops(stats, timer, ctx)
+        result = RunResult(
+            status=constants.SUCCESS if error is None else constants.ABORTED,
+            epochs=epoch,
+            metrics=metrics,
+            run_seconds=time.perf_counter() - run_started,
+            train_samples_per_s=stats.last_samples_per_s,
+            flops_per_sample=stats.flops_per_sample,
+            achieved_flops_per_s=achieved,
+            error=error,
+        )
+        if bench.run_end_events is not None:
+            for key, value in bench.run_end_events(cfg, result).items():
+                log.event(key, value)
+        run_stop.update({constants.STATUS: result.status, constants.EPOCH_NUM: epoch})
     result.run_seconds = time.perf_counter() - run_started
     result.breakdown = Breakdown(
         seconds=dict(timer.seconds),
@@ -209,6 +189,16 @@ def train_to_target(
         flops_per_sample=stats.flops_per_sample,
         achieved_flops_per_s=achieved,
         train_samples_seen=samples_seen,
+        settings={
+            "device": ctx.device.type,
+            "precision": loop.precision,
+            "compile": loop.compile,
+            "memory_format": memory_format,
+            "loader": training.data.loader if training is not None else None,
+            "gradient_accumulation_steps": loop.gradient_accumulation_steps,
+            "finite_check_interval": loop.finite_check_interval,
+            "sync_timing": loop.sync_timing,
+        },
     )
     return result
 
@@ -220,6 +210,165 @@ class _TrainStats:
     samples: int = 0
     flops_per_sample: float = 0.0
     counted: bool = False
+    last_samples_per_s: float = 0.0
+
+
+@dataclass(kw_only=True)
+class _Training:
+    """The model, its optimizer and data, and one epoch of training over them."""
+
+    bench: Benchmark
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    data: DataBundle
+    ctx: DistContext
+    loop: LoopConfig
+    timer: PhaseTimer
+    memory_format: str
+    steps_per_epoch: int
+    """Optimizer steps per epoch (0: the loader's length is unknown)."""
+    stats: _TrainStats = field(default_factory=_TrainStats)
+
+    def __post_init__(self) -> None:
+        # One scaler for the run: its loss scale carries over from epoch to epoch.
+        fp16 = self.loop.precision == "fp16"
+        self.scaler = torch.amp.GradScaler(self.ctx.device.type) if fp16 else None
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.loop.precision)
+
+    def train_epoch(self, epoch: int) -> float:
+        """One pass over this rank's shard; returns training samples per second over all ranks."""
+        model, loop, timer = self.model, self.loop, self.timer
+        accumulate = loop.gradient_accumulation_steps
+        model.train()
+        loss_check = _FiniteLoss(self.ctx.device)
+        # Whole accumulation groups only: a leftover micro-batch would add its gradient to the next
+        # step. It is still drawn, so that every loader (DALI's too) sees whole epochs.
+        micro_steps = self.steps_per_epoch * accumulate if self.steps_per_epoch else math.inf
+        samples = 0
+        started = time.perf_counter()
+        for step, batch in enumerate(timer.timed_iter(self.data.train)):
+            if step >= micro_steps:
+                continue
+            with timer.phase("data_wait"):
+                batch = to_device(batch, self.ctx.device, self.memory_format)
+            last_micro_step = (step + 1) % accumulate == 0
+            with self._count_flops_once(batch), self._gradient_sync(last_micro_step):
+                with timer.phase("forward"), self._autocast():
+                    loss = self.bench.compute_loss(model, batch) / accumulate
+                loss_check.observe(loss, step)
+                with timer.phase("backward"):
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
+            samples += batch_size(batch)
+            if last_micro_step:
+                with timer.phase("optimizer"):
+                    self._optimizer_step()
+            if loop.finite_check_interval and (step + 1) % loop.finite_check_interval == 0:
+                with timer.phase("communication"):
+                    loss_check.agree(self.ctx, epoch)
+        with timer.phase("communication"):
+            loss_check.agree(self.ctx, epoch)
+            total = self.ctx.all_reduce_sum(torch.tensor([float(samples)], device=self.ctx.device))
+            total_samples = total.item()
+        self.stats.samples += samples
+        self.stats.last_samples_per_s = total_samples / max(time.perf_counter() - started, 1e-9)
+        return self.stats.last_samples_per_s
+
+    def evaluate(self) -> float:
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            return float(self.bench.evaluate(self.model, self.data.validation, self.ctx))
+
+    def _optimizer_step(self) -> None:
+        optimizer = self.optimizer
+        if self.scaler is None:
+            optimizer.step()
+        elif hasattr(optimizer, "skip_synchronize"):
+            # Horovod: finish its gradient all-reduce before the scaler unscales the gradients.
+            optimizer.synchronize()
+            with optimizer.skip_synchronize():
+                self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self.dtype)
+
+    def _gradient_sync(self, last_micro_step: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP all-reduces gradients on the last micro-step of an accumulation group only."""
+        no_sync = getattr(self.model, "no_sync", None)
+        return contextlib.nullcontext() if last_micro_step or no_sync is None else no_sync()
+
+    @contextlib.contextmanager
+    def _count_flops_once(self, batch: Any) -> Iterator[None]:
+        """The run's first step runs under the FLOP counter (eagerly, when the model is compiled)."""
+        if self.stats.counted:
+            yield
+            return
+        counter = FlopCounterMode(display=False)
+        with contextlib.ExitStack() as stack:
+            if self.loop.compile:
+                stack.enter_context(torch.compiler.set_stance("force_eager"))
+            stack.enter_context(counter)
+            yield
+        self.stats.flops_per_sample = counter.get_total_flops() / max(batch_size(batch), 1)
+        self.stats.counted = True
+
+
+class _FiniteLoss:
+    """Remembers, on the device, the first step of an epoch whose loss was NaN or inf."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.first_bad_step = torch.full((), -1, dtype=torch.float64, device=device)
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        bad = ~torch.isfinite(loss.detach()).all()
+        self.first_bad_step = torch.where(bad & (self.first_bad_step < 0), float(step), self.first_bad_step)
+
+    def agree(self, ctx: DistContext, epoch: int) -> None:
+        """One host sync and one collective: every rank stops together, or the others would wait
+        forever in the next all-reduce."""
+        seen = self.first_bad_step >= 0
+        # Max over ranks of (any bad step, minus the earliest bad step).
+        verdict = torch.stack([seen.double(), torch.where(seen, -self.first_bad_step, -math.inf)])
+        any_bad, minus_step = ctx.all_reduce_max(verdict).tolist()
+        if any_bad > 0:
+            raise _Abort(
+                f"non-finite loss at epoch {epoch} step {int(-minus_step)}; "
+                "lower the learning rate or check the data"
+            )
+
+
+def resolve_memory_format(loop: LoopConfig, bench: Benchmark, device: torch.device) -> str:
+    """loop.memory_format, with auto meaning the benchmark's GPU layout on a GPU, contiguous elsewhere."""
+    if loop.memory_format != "auto":
+        return loop.memory_format
+    return bench.memory_format if device.type == "cuda" else "contiguous"
+
+
+def _log_submission(log: MLLog, name: str, submission: SubmissionInfo, seed: int, ctx: DistContext) -> None:
+    log.event(constants.SUBMISSION_BENCHMARK, name)
+    log.event(constants.SUBMISSION_ORG, submission.org)
+    log.event(constants.SUBMISSION_DIVISION, submission.division)
+    log.event(constants.SUBMISSION_STATUS, submission.status)
+    log.event(constants.SUBMISSION_PLATFORM, submission.platform)
+    log.event(constants.SEED, seed)
+    log.event("number_of_nodes", ctx.num_nodes)
+    log.event("accelerators_per_node", ctx.local_world_size if ctx.device.type == "cuda" else 0)
+
+
+def _stage(stage: Callable[[], StagedData], log: MLLog, timer: PhaseTimer) -> StagedData:
+    with run_events.staging(log) as stop_metadata, timer.phase("staging"):
+        staged = stage()
+        stop_metadata.update(staged.metadata)
+    return staged
 
 
 def _global_flops(stats: _TrainStats, timer: PhaseTimer, ctx: DistContext) -> tuple[int, float]:
@@ -227,94 +376,22 @@ def _global_flops(stats: _TrainStats, timer: PhaseTimer, ctx: DistContext) -> tu
     compute_s = timer.seconds["forward"] + timer.seconds["backward"]
     rank_rate = stats.samples * stats.flops_per_sample / compute_s if compute_s > 0 else 0.0
     totals = ctx.all_reduce_sum(torch.tensor([float(stats.samples), rank_rate], device=ctx.device))
-    return int(totals[0].item()), float(totals[1].item())
+    samples, rate = totals.tolist()
+    return int(samples), float(rate)
 
 
-def _stage(stage: Callable[[], StagedData], log: MLLog, timer: PhaseTimer) -> StagedData:
-    log.start(constants.STAGING_START)
-    with timer.phase("staging"):
-        staged = stage()
-    log.end(constants.STAGING_STOP, metadata=staged.metadata)
-    return staged
-
-
-def _train_epoch(
-    bench: Benchmark,
-    model: torch.nn.Module,
-    optimizer: Any,
-    scheduler: Any,
-    data: DataBundle,
-    ctx: DistContext,
-    loop: LoopConfig,
-    epoch: int,
-    timer: PhaseTimer,
-    stats: _TrainStats,
-) -> float:
-    """One pass over this rank's shard; returns global training samples per second."""
-    model.train()
-    use_amp = loop.amp and ctx.device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda") if use_amp else None
-    accumulate = loop.gradient_accumulation_steps
-    started = time.perf_counter()
-    samples = 0
-    optimizer.zero_grad(set_to_none=True)
-    for step, batch in enumerate(timer.timed_iter(data.train)):
-        with timer.phase("data_wait"):
-            batch = to_device(batch, ctx.device)
-        size = batch_size(batch)
-        # The first step of the run runs under the FLOP counter: forward and backward.
-        counter = FlopCounterMode(display=False) if not stats.counted else None
-        with counter or contextlib.nullcontext():
-            autocast = torch.autocast("cuda", dtype=torch.float16) if use_amp else contextlib.nullcontext()
-            with timer.phase("forward"), autocast:
-                loss = bench.compute_loss(model, batch) / accumulate
-            with timer.phase("communication"):
-                _check_finite(loss, ctx, epoch, step)
-            with timer.phase("backward"):
-                (scaler.scale(loss) if scaler else loss).backward()
-        if counter is not None:
-            stats.flops_per_sample = counter.get_total_flops() / max(size, 1)
-            stats.counted = True
-        samples += size
-        if (step + 1) % accumulate == 0:
-            with timer.phase("optimizer"):
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if scheduler is not None:
-                    scheduler.step()
-    stats.samples += samples
-    with timer.phase("communication"):
-        total = ctx.all_reduce_sum(torch.tensor([float(samples)], device=ctx.device)).item()
-    return total / max(time.perf_counter() - started, 1e-9)
-
-
-def _evaluate(bench: Benchmark, model: torch.nn.Module, data: DataBundle, ctx: DistContext) -> float:
-    model.eval()
-    with torch.no_grad():
-        return float(bench.evaluate(model, data.validation, ctx))
-
-
-def _check_finite(loss: torch.Tensor, ctx: DistContext, epoch: int, step: int) -> None:
-    # Every rank must agree to stop, or the others would wait forever in the next all-reduce.
-    bad = torch.tensor([0.0 if torch.isfinite(loss.detach()).all() else 1.0], device=ctx.device)
-    if ctx.all_reduce_sum(bad).item() > 0:
-        raise _Abort(
-            f"non-finite loss at epoch {epoch} step {step}; lower the learning rate or check the data"
-        )
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move tensors inside lists, tuples and dicts to `device`."""
+def to_device(batch: Any, device: torch.device, memory_format: str = "contiguous") -> Any:
+    """Move tensors inside lists, tuples and dicts to `device`; the model's inputs (4D or 5D for the
+    channels-last formats) in `memory_format`."""
     if torch.is_tensor(batch):
-        return batch.to(device, non_blocking=True)
+        batch = batch.to(device, non_blocking=True)
+        if batch.dim() == _INPUT_DIMS.get(memory_format):
+            batch = batch.contiguous(memory_format=_MEMORY_FORMATS[memory_format])
+        return batch
     if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
+        return type(batch)(to_device(b, device, memory_format) for b in batch)
     if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
+        return {k: to_device(v, device, memory_format) for k, v in batch.items()}
     return batch
 
 

@@ -35,6 +35,8 @@ class DataBundle:
     """Global number of validation samples (logged as eval_samples)."""
     set_epoch: Callable[[int], None] | None = None
     """Reshuffles the training shards for an epoch (DistributedSampler.set_epoch)."""
+    loader: str = "torch"
+    """Which pipeline feeds the loop (torch, dali), for the run's time breakdown."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +70,8 @@ class Benchmark:
     when None); e.g. open where the closed rules fix the real dataset's sample counts."""
     run_end_events: Callable[..., dict[str, Any]] | None = None
     """run_end_events(cfg, result: RunResult) -> {MLLOG key: value} logged just before run_stop."""
+    memory_format: Literal["contiguous", "channels_last", "channels_last_3d"] = "contiguous"
+    """The layout the model runs fastest in on a GPU (loop.memory_format=auto picks it there)."""
 
     def config_path(self, name_or_path: str) -> Path:
         """'mini' / 'full' name a packaged config; anything else is a path to a YAML file."""

@@ -80,6 +80,8 @@ class Breakdown:
     """Training FLOPs of all ranks over their forward + backward seconds, summed over ranks."""
     train_samples_seen: int
     """Training samples processed over all ranks and epochs."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """How the loop ran: device, precision, compile, memory format, loader, accumulation."""
 
     @property
     def total_s(self) -> float:
@@ -106,6 +108,7 @@ class Breakdown:
             "flops_per_sample": self.flops_per_sample,
             "achieved_flops_per_s": self.achieved_flops_per_s,
             "train_samples_seen": self.train_samples_seen,
+            "settings": dict(self.settings),
         }
 
     @classmethod
@@ -117,4 +120,5 @@ class Breakdown:
             flops_per_sample=float(data.get("flops_per_sample", 0.0)),
             achieved_flops_per_s=float(data.get("achieved_flops_per_s", 0.0)),
             train_samples_seen=int(data.get("train_samples_seen", 0)),
+            settings=dict(data.get("settings") or {}),
         )

@@ -21,5 +21,6 @@ COSMOFLOW = register(
         compute_loss=train.compute_loss,
         evaluate=data.evaluate,
         hyperparameters=train.hyperparameters,
+        memory_format="channels_last_3d",  # cuDNN's fast layout for 3D convolutions
     )
 )

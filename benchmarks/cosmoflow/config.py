@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mlhpc.common.config import check_at_least, check_positive
-from mlhpc.common.loop import LoopConfig
+from mlhpc.common.loop_config import LoopConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -23,7 +23,7 @@ class DataConfig:
     """Validation samples the generator writes (65,536 in the real dataset)."""
     apply_log: bool = True
     """Feed log(1 + counts) to the model, as the reference does."""
-    loader: Literal["torch", "dali"] = "torch"
+    loader: Literal["auto", "torch", "dali"] = "auto"
     """torch DataLoader (always works) or DALI's numpy reader (the gpu extra)."""
     num_workers: int = 0
     """DataLoader worker processes (DALI threads when loader=dali)."""

@@ -83,6 +83,7 @@ def build_dali_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed
         train_samples=len(train_pairs),
         eval_samples=len(eval_pairs),
         set_epoch=None,  # the train reader reshuffles the whole list itself after every epoch
+        loader="dali",
     )
 
 

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
+from mlhpc.common.dali import choose_loader
 from mlhpc.common.datasets import existing_data_dir
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
@@ -158,7 +159,7 @@ def _load(path: Path) -> np.ndarray:
 
 
 def build_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
-    if cfg.data.loader == "dali":
+    if choose_loader(cfg.data.loader, ctx) == "dali":
         from mlhpc.benchmarks.cosmoflow.dali import build_dali_data
 
         return build_dali_data(cfg, data_dir, ctx, seed)

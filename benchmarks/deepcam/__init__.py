@@ -22,5 +22,6 @@ DEEPCAM = register(
         evaluate=data.evaluate,
         hyperparameters=train.hyperparameters,
         default_division=train.default_division,
+        memory_format="channels_last",  # NHWC, as NVIDIA's DeepCAM submissions train it
     )
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mlhpc.common.config import check_at_least
-from mlhpc.common.loop import LoopConfig
+from mlhpc.common.loop_config import LoopConfig
 
 # Pixel frequencies of background, tropical cyclone and atmospheric river in the real training
 # set, and the power the reference raises them to for the cross-entropy class weights.
@@ -30,7 +30,7 @@ class DataConfig:
     """Validation samples the generator writes (15,158 in the real dataset)."""
     format: Literal["hdf5", "numpy"] = "hdf5"
     """hdf5: the reference's data-*.h5; numpy: the optimized submissions' data-*.npy + label-*.npy."""
-    loader: Literal["torch", "dali"] = "torch"
+    loader: Literal["auto", "torch", "dali"] = "auto"
     """torch DataLoader (always works) or a DALI pipeline fed by h5py/numpy readers (the gpu extra)."""
     num_workers: int = 0
     """DataLoader worker processes (DALI reader threads when loader=dali)."""

@@ -95,6 +95,7 @@ def build_dali_data(cfg: DeepCamConfig, data_dir: Path, ctx: DistContext, seed: 
         validation=loaders["validation"][0],
         train_samples=len(loaders["train"][1]),
         eval_samples=len(loaders["validation"][1]),
+        loader="dali",
     )
 
 

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.model import NUM_CLASSES
 from mlhpc.benchmarks.deepcam.synthetic import write_dataset
+from mlhpc.common.dali import choose_loader
 from mlhpc.common.datasets import existing_data_dir
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
@@ -199,7 +200,7 @@ class DeepCamFiles(Dataset):
 
 
 def build_data(cfg: DeepCamConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
-    if cfg.data.loader == "dali":
+    if choose_loader(cfg.data.loader, ctx) == "dali":
         from mlhpc.benchmarks.deepcam.dali import build_dali_data
 
         return build_dali_data(cfg, data_dir, ctx, seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlhpc.common.config import check_at_least, check_positive
-from mlhpc.common.loop import LoopConfig
+from mlhpc.common.loop_config import LoopConfig
 
 # HPC AI500 V2.0 gives n = 5 for its image classification benchmark and publishes none for
 # extreme weather; we use the same value and make it a setting (see README.md).
