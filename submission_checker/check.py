@@ -27,7 +27,7 @@ from .layout_checks import (
 from .logparse import EVAL_KEYS, sniff_log
 from .rcp_checks import entry_rcp
 from .report import CheckReport, EntryReport, RunReport
-from .ruleset import RulesetChoice, detect_ruleset
+from .ruleset import RulesetChoice, detect_ruleset, ruleset_of_folder
 from .run_checks import (
     check_instance_scale,
     check_log_file,
@@ -193,11 +193,14 @@ def _gather(root: Path) -> tuple[list[EntryDir], dict[SystemKey, SystemDesc], li
     return entries, systems, findings
 
 
-def _choose_ruleset(ruleset: str | None, files: Sequence[Path]) -> RulesetChoice:
+def _choose_ruleset(ruleset: str | None, files: Sequence[Path], root: Path) -> RulesetChoice:
     if ruleset is not None:
         return RulesetChoice(validate_ruleset(ruleset), "--ruleset")
     sniffs = [sniff_log(p) for p in files if refusal(str(p)) is None]
-    return detect_ruleset(sniffs, known_rulesets(), DEFAULT_RULESET)
+    # The round folder's name: the root itself, or the folder holding the organisation checked.
+    names = [root.name, root.parent.name] if (root / "results").is_dir() else [root.name]
+    folder = next((n for n in names if ruleset_of_folder(n, known_rulesets()) is not None), root.name)
+    return detect_ruleset(sniffs, known_rulesets(), DEFAULT_RULESET, folder)
 
 
 def _refused_link(path: Path, why: str) -> LogAnalysis:
@@ -223,7 +226,7 @@ def check_submission(path: Path | str, *, ruleset: str | None = None, jobs: int 
     files = [p for e in entries for p in (*e.result_files, *e.pruned_files)]
     links = {str(p): why for p in files if (why := link_out(p, root)) is not None}
     readable = [p for p in files if str(p) not in links]
-    choice = _choose_ruleset(ruleset, readable)
+    choice = _choose_ruleset(ruleset, readable, root)
     analyses = analyse_logs(readable, choice.ruleset, jobs)
     analyses.update({name: _refused_link(Path(name), why) for name, why in links.items()})
     reports = tuple(

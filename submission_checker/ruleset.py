@@ -3,13 +3,16 @@
 The rule files of HPC 1.0.0 and 2.0.0 are the same but their RCP data differ, and 3.0.0 adds
 openfold and lets staging come before run_start; so a log says its round by its benchmark, its
 staging order and the date of its run_start (a run that started after a round's results were
-published cannot belong to that round). A submission takes the newest round any of its logs
-points at: rounds reuse older logs (v3.0 holds runs from 2021), never newer ones.
+published cannot belong to that round). The logs give the earliest round the submission can
+belong to (the newest round any log points at): rounds reuse older logs (v3.0 holds runs from 2021),
+never newer ones. A folder named for a round (`hpc_results_v3.0`, `v2.0`) decides among the rounds
+the logs allow; the reason names every signal and which one decided.
 """
 
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +26,7 @@ ROUND_PUBLISHED: tuple[tuple[str, datetime.date], ...] = (
 LATEST = "3.0.0"
 BENCHMARK_SINCE = {"openfold": "3.0.0"}
 STAGING_BEFORE_RUN_START_SINCE = "3.0.0"
+_ROUND_IN_NAME = re.compile(r"(?:^|[^0-9a-z])v(\d+)\.(\d+)(?:\.(\d+))?(?:$|[^0-9])", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,8 @@ def _key(ruleset: str) -> tuple[int, ...]:
     return tuple(int(p) for p in ruleset.split("."))
 
 
-def ruleset_of_log(sniff: LogSniff) -> tuple[str, str] | None:
-    """(earliest ruleset this log fits, why), or None when the log says nothing."""
+def log_signals(sniff: LogSniff) -> list[tuple[str, str]]:
+    """Every (earliest ruleset this log fits, why) the log carries: its date, benchmark, staging order."""
     found: list[tuple[str, str]] = []
     if sniff.run_start_ms is not None:
         try:
@@ -51,14 +55,52 @@ def ruleset_of_log(sniff: LogSniff) -> tuple[str, str] | None:
         found.append((BENCHMARK_SINCE[sniff.benchmark], f"benchmark {sniff.benchmark}"))
     if sniff.staging_before_run_start:
         found.append((STAGING_BEFORE_RUN_START_SINCE, "staging before run_start"))
+    return found
+
+
+def ruleset_of_log(sniff: LogSniff) -> tuple[str, str] | None:
+    """(earliest ruleset this log fits, why), or None when the log says nothing."""
+    found = log_signals(sniff)
     return max(found, key=lambda f: _key(f[0])) if found else None
 
 
-def detect_ruleset(sniffs: Sequence[LogSniff], known: Sequence[str], default: str) -> RulesetChoice:
-    """The newest ruleset any log points at, among the `known` ones; `default` if none says."""
-    votes = [v for v in (ruleset_of_log(s) for s in sniffs) if v is not None]
-    usable = [v for v in votes if v[0] in known]
+def ruleset_of_folder(folder: str | None, known: Sequence[str]) -> tuple[str, str] | None:
+    """(ruleset, why) when the checked folder's name names a known round ("hpc_results_v3.0")."""
+    if not folder:
+        return None
+    found = _ROUND_IN_NAME.search(folder.rstrip("/").rsplit("/", 1)[-1])
+    if found is None:
+        return None
+    ruleset = f"{found.group(1)}.{found.group(2)}.{found.group(3) or 0}"
+    return (ruleset, f"the folder name {found.group(0).strip('_-')!r}") if ruleset in known else None
+
+
+def _log_signals(votes: Sequence[tuple[str, str]]) -> str:
+    """Each kind of signal once, with the round it points at: the newest date, each benchmark, staging."""
+    shown: dict[str, str] = {}
+    for ruleset, why in sorted(votes, key=lambda v: (_key(v[0]), v[1]), reverse=True):
+        kind = "date" if why.startswith("a run started") else why
+        shown.setdefault(kind, f"{why} -> {ruleset}")
+    return "; ".join(shown.values())
+
+
+def detect_ruleset(
+    sniffs: Sequence[LogSniff], known: Sequence[str], default: str, folder: str | None = None
+) -> RulesetChoice:
+    """The round the logs allow (the newest any log points at), or a later one the folder's name
+    names; `default` when nothing says. The reason names the signals and which decided."""
+    usable = [v for sniff in sniffs for v in log_signals(sniff) if v[0] in known]
+    named = ruleset_of_folder(folder, known)
     if not usable:
+        if named is not None:
+            return RulesetChoice(named[0], f"{named[1]} decided; no log tells its round")
         return RulesetChoice(default, f"no log tells its round; using {default}")
-    ruleset, why = max(usable, key=lambda v: (_key(v[0]), v[1]))  # among dates: the newest
-    return RulesetChoice(ruleset, f"detected from the logs ({why})")
+    earliest, why = max(usable, key=lambda v: (_key(v[0]), v[1]))  # among dates: the newest
+    signals = _log_signals(usable)
+    if named is None:
+        return RulesetChoice(earliest, f"detected from the logs ({why}; all signals: {signals})")
+    if _key(named[0]) >= _key(earliest):
+        return RulesetChoice(named[0], f"{named[1]} decided; the logs allow {earliest} or later ({signals})")
+    return RulesetChoice(
+        earliest, f"the logs decided ({why}); {named[1]} says {named[0]}, older than they allow"
+    )

@@ -248,3 +248,51 @@ def test_hostile_values_in_logs_and_description_give_findings_not_tracebacks(
         findings = check_logs_against_system(entry, [analysis], SystemDesc(desc, ()))
         findings += check_scale_claim(entry, [analysis] * 3, SystemDesc(desc, ()))
         assert all(f.rule in {"log-vs-system", "scale-claim"} and f.message for f in findings)
+
+
+# --- the ruleset from every signal ------------------------------------------------------
+
+
+def _sniff(day: str, benchmark: str = "cosmoflow", staging: bool = False):
+    from datetime import datetime, timezone
+
+    from mlhpc.submission_checker.logparse import LogSniff
+
+    start = datetime.fromisoformat(day).replace(tzinfo=timezone.utc).timestamp() * 1000
+    return LogSniff(benchmark, start, staging)
+
+
+KNOWN = ["1.0.0", "2.0.0", "3.0.0"]
+
+
+def test_republished_logs_take_the_round_the_folder_names() -> None:
+    from mlhpc.submission_checker import detect_ruleset
+
+    old = [_sniff("2021-10-20"), _sniff("2021-10-21")]
+    # Logs of 2021 alone fit 1.0.0 (the earliest round they can belong to) ...
+    assert detect_ruleset(old, KNOWN, "3.0.0").ruleset == "1.0.0"
+    # ... but a folder named for v3.0 holds a v3.0 submission, and the reason says so.
+    choice = detect_ruleset(old, KNOWN, "3.0.0", "hpc_results_v3.0")
+    assert choice.ruleset == "3.0.0"
+    assert choice.reason.startswith("the folder name 'v3.0' decided; the logs allow 1.0.0 or later")
+    # A folder naming an older round than the logs allow does not win.
+    new = [_sniff("2023-10-05", "openfold", staging=True)]
+    choice = detect_ruleset(new, KNOWN, "3.0.0", "results-v1.0")
+    assert choice.ruleset == "3.0.0" and "older than they allow" in choice.reason
+    # Every kind of signal is named.
+    reason = detect_ruleset([*old, *new], KNOWN, "3.0.0").reason
+    for signal in ("benchmark openfold -> 3.0.0", "staging before run_start -> 3.0.0", "2023-10-05 -> 3.0.0"):
+        assert signal in reason
+    # Names that are no round, or an unknown one, say nothing.
+    for name in ("perlmutter_10x128x4_ngc21.09_mxnet", "hpc_results_v9.0", "eos_n256", "", None):
+        assert detect_ruleset(old, KNOWN, "3.0.0", name).ruleset == "1.0.0", name
+
+
+def test_a_v3_organisation_checked_alone_is_scored_under_3_0_0(tmp_path: Path) -> None:
+    round_folder = tmp_path / "hpc_results_v3.0"
+    shutil.copytree(SAMPLE / FUJITSU, round_folder / FUJITSU)
+    report = check_submission(round_folder / FUJITSU)
+    assert report.ruleset == "3.0.0" and "folder name 'v3.0' decided" in report.ruleset_reason
+    plain = tmp_path / "plain"
+    shutil.copytree(SAMPLE / FUJITSU, plain / FUJITSU)
+    assert check_submission(plain / FUJITSU).ruleset == "1.0.0"

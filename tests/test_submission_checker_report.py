@@ -76,7 +76,7 @@ def test_command_writes_json_csv_and_report(tmp_path: Path, capsys: pytest.Captu
     assert code == 0
     assert digest(V3) == before
     printed = capsys.readouterr().out
-    assert "ruleset 3.0.0, detected from the logs" in printed
+    assert "ruleset 3.0.0, the folder name 'v3.0' decided" in printed
     assert "pass ×1.0231" in printed and "263.520317" in printed
     data = json.loads((out / "r.json").read_text())
     assert data["ruleset"] == "3.0.0"
@@ -100,7 +100,7 @@ def test_command_line_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     csv_path, report = tmp_path / "s.csv", tmp_path / "rep"
     assert main(["check", str(V2), "--csv", str(csv_path), "--report", str(report)]) == 0
     out = capsys.readouterr().out
-    assert "ruleset 2.0.0, detected from the logs" in out
+    assert "ruleset 2.0.0, the folder name 'v2.0' decided" in out
     assert csv_path.is_file() and (report / "index.html").is_file()
     assert main(["check", str(tmp_path / "nothing")]) == 2
     with pytest.raises(SystemExit):
