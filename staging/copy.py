@@ -23,6 +23,7 @@ from typing import Any
 
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safepath import relative_path
+from mlhpc.staging.buffered import copy_buffered, source_error
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
 from mlhpc.staging.plan import CopyOp
 from mlhpc.staging.sink import (
@@ -69,6 +70,11 @@ class CopyJob:
     direct_reads: bool = True
     """Read large files with O_DIRECT where the source allows it (else through the page cache)."""
 
+    @property
+    def buffered(self) -> bool:
+        """Whether files go the lean buffered path (`buffered.copy_buffered`)."""
+        return not (self.direct_reads or self.options.direct_io or self.options.decompress)
+
 
 def read_ahead_depth(workers: int, files: int) -> int:
     """Reads in flight per large file: the workers left idle by a short file list go to reading
@@ -76,15 +82,7 @@ def read_ahead_depth(workers: int, files: int) -> int:
     return max(1, min(MAX_READ_AHEAD, workers // max(1, min(files, workers))))
 
 
-def source_error(e: OSError, path: str) -> StagingError:
-    if e.errno == errno.ENOENT:
-        return StagingError(f"staging source file {path} is missing; restore it or regenerate the dataset")
-    return StagingError(
-        f"cannot read staging source file {path} ({e.strerror}); check it and its permissions"
-    )
-
-
-def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
+def copy_file(job: CopyJob, entry: FileEntry, record: bool = True) -> Staged:
     """Copy one file: read it into an aligned buffer, hash it there, write it under a temporary name.
 
     Large files are also read with O_DIRECT where the source allows it: no page-cache pages to
@@ -134,7 +132,8 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
                 os.lseek(fd, sink.received, os.SEEK_SET)
         staged = sink.finish()
         sink = None
-        journal(job.dest_root).record(staged)
+        if record:
+            journal(job.dest_root).record(staged)
         return staged
     except OSError as e:
         raise source_error(e, source) from e
@@ -143,6 +142,48 @@ def copy_file(job: CopyJob, entry: FileEntry) -> Staged:
             sink.abort()
         os.close(fd)
         _pool.put(buffer)
+
+
+def copy_chunk(job: CopyJob, entries: Sequence[FileEntry]) -> list[Staged]:
+    """Copy a run of files one after another (a thread's unit of work: one hand-over per chunk,
+    not per file), journaled together."""
+    done: list[Staged] = []
+    try:
+        for entry in entries:
+            _check_stopping(job)
+            done.append(copy_one(job, entry))
+    finally:  # what was renamed into place is journaled, also when a later file fails
+        journal(job.dest_root).record_many(done)
+    return done
+
+
+def copy_one(job: CopyJob, entry: FileEntry) -> Staged:
+    """Copy one file by the job's path: buffered (lean), or through `copy_file`; not journaled."""
+    if job.buffered:
+        o = job.options
+        return copy_buffered(job.src_root, job.dest_root, entry, o.algorithm, o.umask, lambda: _check_stopping(job))
+    return copy_file(job, entry, record=False)
+
+
+def chunks(entries: Sequence[FileEntry], pieces: int, most: int = 64) -> list[list[FileEntry]]:
+    """Consecutive runs of `entries`, about `pieces` of them (so that every thread gets several
+    and they finish together), up to `most` files and `CHUNK_BYTES` each."""
+    per = max(1, min(most, len(entries) // max(1, pieces)))
+    out: list[list[FileEntry]] = []
+    current: list[FileEntry] = []
+    size = 0
+    for entry in entries:
+        if current and (len(current) >= per or size + entry.size > CHUNK_BYTES):
+            out.append(current)
+            current, size = [], 0
+        current.append(entry)
+        size += entry.size
+    if current:
+        out.append(current)
+    return out
+
+
+CHUNK_BYTES = 64 << 20
 
 
 def _read_ahead(fd: int, sink: FileSink, size: int, job: CopyJob, spare: mmap.mmap) -> None:
@@ -243,11 +284,14 @@ class Journal:
         self._lock = threading.Lock()
 
     def record(self, staged: Staged) -> None:
-        line = json.dumps([staged.path, staged.size, staged.checksum, staged.source, staged.source_checksum])
+        self.record_many([staged])
+
+    def record_many(self, staged: Sequence[Staged]) -> None:
+        lines = [json.dumps([s.path, s.size, s.checksum, s.source, s.source_checksum]) for s in staged]
         with self._lock:
             if not self._lines:
                 self._first_at = time.monotonic()
-            self._lines.append(line)
+            self._lines.extend(lines)
             if len(self._lines) < JOURNAL_BATCH and time.monotonic() - self._first_at < JOURNAL_DELAY_S:
                 return
         self.flush()
@@ -373,7 +417,8 @@ def run_copies(
     try:
         with ThreadPoolExecutor(max_workers=max(1, job.threads)) as threads:
             try:
-                return _collect([threads.submit(copy_file, job, entry) for entry in entries], on_done)
+                work = chunks(entries, 4 * max(1, job.threads))
+                return _collect([threads.submit(copy_chunk, job, chunk) for chunk in work], on_done)
             except BaseException:
                 _stopping.add(job.dest_root)  # the copies under way stop (their partials removed)
                 raise
@@ -387,14 +432,14 @@ def _check_stopping(job: CopyJob) -> None:
         raise StagingError(f"copying into {job.dest_root} was stopped; rerun to resume")
 
 
-def _collect(futures: list[Future[Staged]], on_done: Callable[[list[Staged]], None]) -> list[Staged]:
+def _collect(futures: list[Future[list[Staged]]], on_done: Callable[[list[Staged]], None]) -> list[Staged]:
     """Results as they come; at the first error, cancel what has not started and raise it."""
     done: list[Staged] = []
     try:
         for future in as_completed(futures):
             staged = future.result()
-            done.append(staged)
-            on_done([staged])
+            done.extend(staged)
+            on_done(staged)
     except BaseException:
         for future in futures:
             future.cancel()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
+from mlhpc.staging.buffered import make_folders
 from mlhpc.staging.comm import Communicator
 from mlhpc.staging.copy import CopyJob, already_staged, journal, read_ahead_depth, run_copies
 from mlhpc.staging.exchange import (
@@ -23,7 +24,7 @@ from mlhpc.staging.exchange import (
 from mlhpc.staging.manifest import FileEntry, Manifest
 from mlhpc.staging.plan import Mode, Topology, plan_copies, plan_exchange, rank_files, uses_exchange
 from mlhpc.staging.progress import StageProgress
-from mlhpc.staging.sink import SinkOptions, Staged
+from mlhpc.staging.sink import SinkOptions, Staged, staged_path
 
 _MANY_FILES = 1024
 
@@ -35,6 +36,9 @@ class Settings:
     mode: Mode
     options: SinkOptions
     direct_reads: bool
+    source_cached: bool = False
+    """The source is in the page cache: copies wait on the CPU, not the disk, so threads
+    beyond the CPUs only queue for them."""
     workers: int
     processes: int | None
     chunk_bytes: int
@@ -70,15 +74,14 @@ def stage_directory(
     if uses_exchange(settings.mode, topo):
         return _exchange_directory(comm, src, dest, files, have, settings) if topo.in_exchange else Work()
     ops = plan_copies(files, have)
-    processes = max(1, min(settings.processes or auto_processes(len(ops), topo), settings.workers))
-    job = CopyJob(
-        str(src),
-        str(dest),
-        settings.options,
-        threads=-(-settings.workers // processes),
-        read_ahead=read_ahead_depth(settings.workers, len(ops)),
-        direct_reads=settings.direct_reads,
-    )
+    workers = settings.workers
+    job = CopyJob(str(src), str(dest), settings.options, threads=workers, direct_reads=settings.direct_reads)
+    if settings.source_cached and job.buffered:
+        workers = min(workers, os.cpu_count() or 1)
+    automatic = 1 if job.buffered else auto_processes(len(ops), topo)
+    processes = max(1, min(settings.processes or automatic, workers))
+    job = replace(job, threads=-(-workers // processes), read_ahead=read_ahead_depth(workers, len(ops)))
+    make_folders(str(dest), [staged_path(op.entry.path, settings.options) for op in ops])
     with StageProgress(
         settings.progress, len(ops), sum(op.entry.size for op in ops), f"staging {src.name}"
     ) as progress:

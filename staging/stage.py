@@ -13,6 +13,7 @@ others to read, follow the umask.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
@@ -36,6 +37,7 @@ from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.copy import JOURNAL_PREFIX, close_journal, read_journals
 from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
+from mlhpc.staging.iopath import IoPlan, choose_io
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file, scan_dataset
 from mlhpc.staging.plan import Mode, node_files
@@ -76,12 +78,19 @@ class StageReport:
     """Bytes all ranks together read from the source (replicate: the dataset once)."""
     node: int = 0
     num_nodes: int = 1
+    io: IoPlan | None = None
+    """The I/O path this rank took, and why."""
+    durable: bool = False
+    """Whether the copy was on disk before the marker was written (`--durable`)."""
 
-    def metadata(self) -> dict[str, float | int]:
+    def metadata(self) -> dict[str, float | int | str | bool]:
+        io = self.io.metadata() if self.io else {}
         return {
             "staging_duration": self.seconds,
             "staged_files": self.files,
             "staged_bytes": self.bytes,
+            **io,
+            "staging_durable": self.durable,
         }
 
 
@@ -100,6 +109,8 @@ def stage_dataset(
     direct_io: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: bool = False,
+    io: str = "auto",
+    durable: bool = False,
 ) -> StageReport:
     """Stage the dataset at `src` (a directory or a tar/tar.gz/tar.zst archive) into `dest`.
 
@@ -129,12 +140,16 @@ def stage_dataset(
         manifest, trusted = _describe_source(comm, src)
         kind = archives.archive_kind(src) if src.is_file() else None
         mine = node_files(manifest, mode, topo) if kind is None else []
-        fresh = agree_destination(comm, dest, _needed_bytes(src, kind, manifest, mine))
-        direct_writes = direct_writes_pay(str(dest)) if direct_io is None else direct_io
+        needed = _needed_bytes(src, kind, manifest, mine)
+        fresh = agree_destination(comm, dest, needed)
+        sources = [str(src)] if kind is not None else [os.path.join(src, f.path) for f in mine]
+        plan = choose_io(io, needed, sources, direct_writes_pay(str(dest)))
+        log.debug("staging I/O: %s (%s)", plan.label, plan.reason)
         settings = Settings(
             mode=mode,
-            options=SinkOptions(manifest.algorithm, direct_writes, decompress, umask=current_umask()),
-            direct_reads=direct_io is not False,
+            options=SinkOptions(manifest.algorithm, plan.direct_writes, decompress, umask=current_umask()),
+            direct_reads=plan.direct_reads,
+            source_cached=plan.source_cached,
             workers=workers,
             processes=processes,
             chunk_bytes=chunk_bytes,
@@ -160,7 +175,9 @@ def stage_dataset(
             except StagingError as e:  # also when interrupted: the interruption goes on up, not this
                 error = error or str(e)
         totals = agree(comm, error, work.read_bytes)
-        held = finish_node(comm, src, dest, mode, manifest if kind is None else None, work, settings.options)
+        held = finish_node(
+            comm, src, dest, mode, manifest if kind is None else None, work, settings.options, durable
+        )
         return StageReport(
             dest=dest,
             files=len(held.files),
@@ -173,6 +190,8 @@ def stage_dataset(
             job_read_bytes=sum(totals),
             node=topo.node,
             num_nodes=topo.num_nodes,
+            io=plan,
+            durable=durable,
         )
 
 
@@ -377,9 +396,11 @@ def finish_node(
     manifest: Manifest | None,
     work: Work,
     options: SinkOptions,
+    durable: bool = False,
 ) -> Manifest:
     """Local rank 0 writes the node's manifest (from every rank's journal); in replicate mode
-    the nodes compare digests of their copies; the marker is written last."""
+    the nodes compare digests of their copies; the marker is written last (`durable`: after
+    the copy is on disk)."""
     topo = comm.topology
     held, error = None, None
     if topo.local_rank == 0:
@@ -404,6 +425,8 @@ def finish_node(
         try:
             for journal in dest.glob(f"{JOURNAL_PREFIX}*"):
                 journal.unlink(missing_ok=True)
+            if durable:
+                sync_filesystem(dest)
             marker = {"source": str(src.absolute()), "mode": mode, "node": topo.node, "nodes": topo.num_nodes}
             marker |= {"files": len(held.files), "bytes": held.total_bytes}
             atomic_write_text(dest / STAGED_MARKER, json.dumps(marker) + "\n")
@@ -413,6 +436,17 @@ def finish_node(
     if held is None and (dest / MANIFEST_NAME).is_file():
         held = Manifest.read(dest / MANIFEST_NAME)
     return held or Manifest(options.algorithm, tuple(node_files(manifest, mode, topo)) if manifest else ())
+
+
+def sync_filesystem(folder: Path) -> None:
+    """Put everything written to `folder`'s file system on disk (syncfs; sync where it is missing)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if getattr(libc, "syncfs", None) is None or libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
 
 
 def _node_manifest(

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.copy import CopyJob, close_journal, copy_file, journal
+from mlhpc.staging.copy import CopyJob, chunks, close_journal, copy_chunk, journal
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.sink import SinkOptions, Staged
 
@@ -157,7 +157,8 @@ def _serve() -> None:
         for line in sys.stdin:
             entries = [FileEntry(*fields) for fields in json.loads(line)]
             try:
-                staged = list(pool.map(lambda entry: copy_file(job, entry), entries))
+                work = chunks(entries, max(1, job.threads))
+                staged = [s for done in pool.map(lambda chunk: copy_chunk(job, chunk), work) for s in done]
                 journal(job.dest_root).flush()  # journaled before reported: a reply is a promise
                 reply = {"staged": [list(asdict(s).values()) for s in staged]}
             except (StagingError, OSError) as e:

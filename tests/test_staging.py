@@ -80,7 +80,17 @@ def test_stage_copies_verifies_and_marks_complete(source: Path, tmp_path: Path) 
     assert (dest / STAGED_MARKER).is_file()
     assert not list(dest.rglob("*.mlhpc-partial")) and not list(dest.glob(".mlhpc_journal*"))
     assert verify_staged(dest) == 7
-    assert set(report.metadata()) == {"staging_duration", "staged_files", "staged_bytes"}
+    metadata = report.metadata()
+    assert set(metadata) == {
+        "staging_duration",
+        "staged_files",
+        "staged_bytes",
+        "staging_io",
+        "staging_io_reason",
+        "staging_durable",
+    }
+    assert metadata["staging_io"] == "buffered" and metadata["staging_io_reason"].startswith("auto: ")
+    assert metadata["staging_durable"] is False
 
 
 @pytest.mark.parametrize("direct_io", [True, False])
@@ -145,16 +155,16 @@ import os, signal, sys
 from pathlib import Path
 from mlhpc.staging import copy, stage_dataset
 
-record = copy.Journal.record
+record = copy.Journal.record_many
 count = [0]
 
 def record_then_die(self, staged):
     record(self, staged)
-    count[0] += 1
-    if count[0] == int(sys.argv[3]):
+    count[0] += len(staged)
+    if count[0] >= int(sys.argv[3]):
         os.kill(os.getpid(), signal.SIGKILL)  # an interruption: no cleanup, no exception
 
-copy.Journal.record = record_then_die
+copy.Journal.record_many = record_then_die
 stage_dataset(Path(sys.argv[1]), Path(sys.argv[2]), workers=2)
 """
 

@@ -99,7 +99,7 @@ from mlhpc import cli
 from mlhpc.staging import copy
 
 release = Path(sys.argv[1])
-real = copy.copy_file
+real = copy.copy_one
 
 def held(job, entry):  # every copy waits for the test's word: this writer is slow on demand
     deadline = time.monotonic() + 120
@@ -107,7 +107,7 @@ def held(job, entry):  # every copy waits for the test's word: this writer is sl
         time.sleep(0.01)
     return real(job, entry)
 
-copy.copy_file = held
+copy.copy_one = held
 sys.exit(cli.main(sys.argv[2:]))
 """
 
