@@ -139,8 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--processes", type=int, default=None, help="worker processes per rank (default auto)")
     stage.add_argument("--decompress", action="store_true", help="decompress .gz/.zst files while staging")
     stage.add_argument(
-        "--no-direct-io", action="store_true", help="no O_DIRECT: read and write through the page cache"
+        "--io",
+        choices=("auto", "buffered", "direct"),
+        default="auto",
+        help="auto: page cache when the node's share fits in memory or the source is cached, else O_DIRECT",
     )
+    stage.add_argument("--no-direct-io", action="store_true", help="the same as --io buffered")
+    stage.add_argument("--durable", action="store_true", help="have the copy on disk before the marker (syncfs)")
     stage.add_argument("--chunk-mib", type=int, default=16, help="exchange chunk per node and round")
     stage.add_argument("--comm", choices=("auto", "torch", "mpi"), default="auto", help="collectives backend")
     stage.add_argument(
@@ -332,7 +337,8 @@ def _stage(args: argparse.Namespace) -> int:
             workers=args.workers,
             processes=args.processes,
             decompress=args.decompress,
-            direct_io=False if args.no_direct_io else None,
+            io="buffered" if args.no_direct_io else args.io,
+            durable=args.durable,
             chunk_bytes=args.chunk_mib << 20,
             progress=True,
         )
@@ -343,7 +349,8 @@ def _stage(args: argparse.Namespace) -> int:
         print(
             f"staged {report.files} files, {report.bytes} bytes to {report.dest} in {report.seconds:.2f} s "
             f"({rate:.0f} MB/s; mode {report.mode}, {report.num_nodes} node(s)); copied {report.copied_files}, "
-            f"skipped {report.skipped_files} already staged; the job read {report.job_read_bytes} source bytes"
+            f"skipped {report.skipped_files} already staged; the job read {report.job_read_bytes} source bytes; "
+            f"I/O {report.io.label if report.io else '-'}"
         )
     return 0
 

@@ -1,168 +1,265 @@
-"""Staging throughput: the issue's targets as ratios, from one run, medians of a few repeats.
+"""Staging on the user's clock: `mlhpc stage` against `cp -r`, `tar | tar` and parallel `cp`.
 
-1. One rank, large files (>= 64 MiB each): `mlhpc stage` / `cp -r` >= 1.0, and
-   `mlhpc stage` / raw sequential read of the source disk >= 0.8. Measured twice:
-   a. into a directory on the source's own disk. A copy then reads and writes one disk, and
-      reads and writes share its bandwidth: the limit is the measured `copy limit` (raw read
-      and raw write at once). Where that limit is below 0.8 x raw read, as on this machine's
-      one virtual disk, no copy can meet the target here: shown, not judged.
-   b. into `--local-dir` on another device, the cluster's case (shared file system -> node-local
-      NVMe): the source read is the limit, and the target is judged here. Default /dev/shm
-      (memory, standing in for a node-local disk) when it is a different device with room.
-2. Many small files (20,000 x 64 KiB): `mlhpc stage` / `cp -r` >= 2.0.
-3. `replicate` on k ranks (each its own node) reads each source byte once: read / size = 1.00.
+For each case (small or large files, source warm in the page cache or cold, one rank or
+replicate/shard on 2 ranks) the methods take turns within each round and every figure is the
+median of the rounds' own ratios, printed with the lowest and highest round:
 
-Every copy starts from a cold page cache when run as root and ends with `sync`; the methods
-take turns within each repeat, so all see the same state of a noisy disk, and each ratio is the
-median of the repeats' own ratios (MB/s figures are medians), printed with the lowest and
-highest repeat's ratio. The raw read reads the dataset's own files, the raw write new files,
-both O_DIRECT in 16 MiB blocks, at 4 and at 32 requests in flight in every repeat
-(`bench_tools.RAW_DEPTHS`; 32 is what `mlhpc stage` keeps), each keeping the depth with the
-faster median. Large files are also copied by `dd` (one `dd iflag=direct bs=16M` per file,
-all at once): the leanest real copy, which shows how much of a gap to the raw read is the
-software's and how much is the cost of writing the bytes on this machine.
+- `copy`: the command's wall time, as a user waits for it (no sync). `mlhpc stage` is the
+  real command in a new process; `in run` is `stage_dataset` in a process that has mlhpc
+  imported already, as `mlhpc run` stages.
+- `+read`: that, plus the time until every staged file has been read once (the first epoch).
+- `+sync` (an extra, labelled): the copy, then `sync` until it is on disk.
 
-    python perf/staging_throughput.py [--repeats 5] [--small-files 20000] [--large-files 8]
-        [--large-mib 128] [--dir SCRATCH] [--local-dir DIR | --no-local-dir]
+Before each copy: `sync`, then for a cold case the page cache is dropped (root), for a warm
+one the source is read once; then a pause of `tools.SETTLE_S`. Copies of many small files go to
+new folders that are removed only at the end: removing thousands of files makes ext4 skip the
+freed inodes for a minute or more (`recently_deleted`), which would slow whichever copy runs
+next. `--cgroup-mib N` runs the large cold case once more with `mlhpc stage` in a memory cgroup
+of N MiB (v1 or v2, root): a dataset larger than the memory it may use, auto against buffered.
+
+    python perf/staging_throughput.py [--rounds 3] [--cases small-warm,small-cold,large-warm,large-cold]
+        [--small-files 4000] [--small-kib 64] [--large-files 4] [--large-mib 128] [--ranks 2]
+        [--dir SCRATCH] [--cgroup-mib 256]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mlhpc.staging import bench_tools as tools
+from mlhpc.staging.stage import stage_dataset
 
-LARGE_METHODS = ("raw-write", "cp", "dd", "mlhpc", "raw-read", "copy-limit")
-
-
-def verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
+CASES = ("small-warm", "small-cold", "large-warm", "large-cold", "small-ranks", "large-ranks")
 
 
-class Rounds:
-    """One measurement's seconds by method and round: MB/s medians, and ratios round by round."""
-
-    def __init__(self, size: int, seconds: dict[str, list[float]]) -> None:
-        self.size = size
-        self.seconds = seconds
-
-    def mb_s(self, method: str) -> float:
-        return self.size / statistics.median(self.seconds[method]) / 1e6
-
-    def ratios(self, method: str, baseline: str) -> list[float]:
-        """How much faster `method` was than `baseline`, round by round."""
-        pairs = zip(self.seconds[baseline], self.seconds[method], strict=True)
-        return [base / mine for base, mine in pairs]
-
-    def ratio(self, method: str, baseline: str) -> float:
-        """The median over rounds of `ratios`: the figure a target is judged on."""
-        return statistics.median(self.ratios(method, baseline))
-
-    def spread(self, method: str, baseline: str) -> str:
-        """The lowest and highest round's ratio: how far one run of a noisy disk can move it."""
-        ratios = self.ratios(method, baseline)
-        return f"rounds {min(ratios):.2f}-{max(ratios):.2f}"
+def read_all(root: Path) -> None:
+    """Read every file under `root` once, as a first epoch does."""
+    buffer = bytearray(1 << 20)
+    for folder, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(folder, name), "rb", buffering=0) as handle:
+                while handle.readinto(buffer):
+                    pass
 
 
-def other_device(work: Path, candidate: Path, size: int) -> Path | None:
-    """`candidate` if it is on another device than `work` with room for two copies of `size`."""
-    if not candidate.is_dir():
-        return None
-    stats = os.statvfs(candidate)
-    room = stats.f_bavail * stats.f_frsize
-    return candidate if os.stat(candidate).st_dev != os.stat(work).st_dev and room > 2.5 * size else None
+def prepare(src: Path, cold: bool) -> None:
+    os.sync()
+    if cold:
+        tools.drop_caches()
+    else:
+        read_all(src)
+    time.sleep(tools.SETTLE_S)
 
 
-def report_large(label: str, rounds: Rounds, judge_read: bool) -> None:
-    cp_ratio = rounds.ratio("mlhpc", "cp")
-    read_ratio = rounds.ratio("mlhpc", "raw-read")
-    read_note = f"target >= 0.8: {verdict(read_ratio >= 0.8)}" if judge_read else "not judged: one disk"
-    read_note += f"; {rounds.spread('mlhpc', 'raw-read')}"
-    rates = ", ".join(
-        f"{name} {rounds.mb_s(name):.0f}"
-        for name in ("cp", "dd", "mlhpc", "raw-read", "raw-write", "copy-limit")
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class Case:
+    """One case's rounds: seconds of each method's copy, read and sync, and CPU seconds."""
+
+    def __init__(self) -> None:
+        self.copy: dict[str, list[float]] = {}
+        self.read: dict[str, list[float]] = {}
+        self.sync: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+
+    def measure(self, name: str, src: Path, dest: Path, cold: bool, copy: Callable[[], object]) -> None:
+        """`copy` may return its own seconds (ranks timed inside their launch), else it is timed."""
+        prepare(src, cold)
+        cpu, started = cpu_seconds(), time.perf_counter()
+        own = copy()
+        copied = time.perf_counter()
+        if isinstance(own, float):
+            started = copied - own
+        self.cpu.setdefault(name, []).append(cpu_seconds() - cpu)
+        read_all(dest)
+        read = time.perf_counter()
+        os.sync()
+        self.copy.setdefault(name, []).append(copied - started)
+        self.read.setdefault(name, []).append(read - started)
+        self.sync.setdefault(name, []).append(time.perf_counter() - read + copied - started)
+
+    def ratio(self, table: dict[str, list[float]], base: str, mine: str) -> str:
+        ratios = [b / m for b, m in zip(table[base], table[mine], strict=True)]
+        return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+    def report(self, title: str, files: int, baselines: list[str], mine: list[str]) -> None:
+        print(f"{title}: seconds (median of {len(next(iter(self.copy.values())))} rounds)")
+        for name in self.copy:
+            med = {k: statistics.median(v[name]) for k, v in (("copy", self.copy), ("read", self.read))}
+            cpu = statistics.median(self.cpu[name])
+            print(
+                f"   {name:<14} copy {med['copy']:.3f}  +read {med['read']:.3f}  "
+                f"+sync {statistics.median(self.sync[name]):.3f}  cpu {cpu:.3f} s ({cpu / files * 1e6:.0f} us a file)"
+            )
+        for base in baselines:
+            for name in mine:
+                print(
+                    f"   {base} / {name}: copy {self.ratio(self.copy, base, name)}, +read "
+                    f"{self.ratio(self.read, base, name)}, +sync (extra) {self.ratio(self.sync, base, name)}"
+                )
+
+
+def cp_r(src: Path, dest: Path) -> None:
+    subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
+
+
+def tar_tar(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    writer = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=writer.stdout, check=True)
+    writer.wait()
+
+
+def parallel_cp(src: Path, dest: Path) -> None:
+    """One `cp` per file, all at once (the folders made first)."""
+    files = tools.source_files(src)
+    for path in files:
+        (dest / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+    procs = [subprocess.Popen(["cp", str(p), str(dest / p.relative_to(src))]) for p in files]
+    if any(p.wait() for p in procs):
+        raise RuntimeError("parallel cp failed")
+
+
+def mlhpc_command(src: Path, dest: Path, *extra: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "stage", str(src), str(dest), *extra], capture_output=True, text=True
     )
-    print(
-        f"   {label}: MB/s {rates}\n"
-        f"      ratio to cp {cp_ratio:.2f} (target >= 1.0: {verdict(cp_ratio >= 1.0)}; "
-        f"{rounds.spread('mlhpc', 'cp')}); "
-        f"ratio to raw read {read_ratio:.2f} ({read_note}); "
-        f"ratio to the copy limit {rounds.ratio('mlhpc', 'copy-limit'):.2f}; "
-        f"ratio to dd {rounds.ratio('mlhpc', 'dd'):.2f} ({rounds.spread('mlhpc', 'dd')})"
-    )
+    if proc.returncode:
+        sys.exit(f"mlhpc stage failed: {proc.stderr.strip()}")
+
+
+def one_rank(case: str, src: Path, work: Path, rounds: int, files: int) -> None:
+    cold = case.endswith("cold")
+    large = case.startswith("large")
+    methods: dict[str, Callable[[Path], object]] = {
+        "cp -r": lambda d: cp_r(src, d),
+        "tar | tar": lambda d: tar_tar(src, d),
+        "mlhpc stage": lambda d: mlhpc_command(src, d),
+        "in run": lambda d: stage_dataset(src, d),
+    }
+    if large:
+        methods["parallel cp"] = lambda d: parallel_cp(src, d)
+    result = Case()
+    for r in range(rounds):
+        order = list(methods) if r % 2 == 0 else list(reversed(methods))
+        for name in order:
+            dest = work / f"{case}-{name.replace(' ', '').replace('|', '')}-{r}"
+            result.measure(name, src, dest, cold, functools.partial(methods[name], dest))
+            if large:
+                shutil.rmtree(dest)  # four files: no inode effect worth the disk space
+    baselines = ["cp -r", "tar | tar"] + (["parallel cp"] if large else [])
+    result.report(f"{case} ({files} files)", files, baselines, ["mlhpc stage", "in run"])
+
+
+def two_ranks(case: str, src: Path, work: Path, rounds: int, files: int, ranks: int) -> None:
+    """replicate and shard on `ranks` local ranks (each its own node folder), against `ranks`
+    concurrent `cp -r` (each node copying the whole set, as without mlhpc); warm source."""
+    result = Case()
+    for r in range(rounds):
+        for name in ("cp -r x2", "replicate", "shard") if r % 2 == 0 else ("shard", "replicate", "cp -r x2"):
+            dest = work / f"{case}-{name.replace(' ', '')}-{r}"
+
+            def copy(dest: Path = dest, name: str = name) -> float | None:
+                if name == "cp -r x2":
+                    dest.mkdir()
+                    procs = [
+                        subprocess.Popen(["cp", "-r", str(src), str(dest / f"node{n}")]) for n in range(ranks)
+                    ]
+                    if any(p.wait() for p in procs):
+                        raise RuntimeError("cp -r failed")
+                    return None
+                row = {"src": str(src), "dest": str(dest), "mode": name, "workers": 32}
+                row |= {"cold": False, "sync": False, "keep": True}
+                return float(tools.run_plan_in_ranks([row], ranks, work)[0]["seconds"])
+
+            result.measure(name, src, dest, False, copy)
+    result.report(f"{case}, {ranks} ranks, warm ({files} files)", files, ["cp -r x2"], ["replicate", "shard"])
+
+
+def cgroup_case(src: Path, work: Path, mib: int, rounds: int) -> None:
+    """`mlhpc stage` with --io auto and --io buffered inside a memory cgroup of `mib` MiB."""
+    group = tools.memory_cgroup(f"mlhpc-perf-{os.getpid()}", mib << 20)
+    if group is None:
+        print("cgroup case skipped: no writable memory cgroup (needs root)")
+        return
+    try:
+        result = Case()
+        chosen = ""
+        for r in range(rounds):
+            for io in ("auto", "buffered") if r % 2 == 0 else ("buffered", "auto"):
+                dest = work / f"cgroup-{io}-{r}"
+
+                def copy(dest: Path = dest, io: str = io) -> None:
+                    nonlocal chosen
+                    proc = tools.run_in_cgroup(
+                        group, [sys.executable, "-m", "mlhpc", "stage", str(src), str(dest), "--io", io]
+                    )
+                    chosen = proc.stdout.strip().rsplit("I/O ", 1)[-1] if io == "auto" else chosen
+
+                result.measure(f"--io {io}", src, dest, True, copy)
+                shutil.rmtree(dest)
+        result.report(
+            f"large cold in a {mib} MiB memory cgroup; auto chose: {chosen}",
+            1,
+            ["--io buffered"],
+            ["--io auto"],
+        )
+    finally:
+        tools.remove_cgroup(group)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--small-files", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cases", default=",".join(CASES[:4]), help=f"some of {','.join(CASES)}")
+    parser.add_argument("--small-files", type=int, default=4000)
     parser.add_argument("--small-kib", type=int, default=64)
-    parser.add_argument("--large-files", type=int, default=8)
+    parser.add_argument("--large-files", type=int, default=4)
     parser.add_argument("--large-mib", type=int, default=128)
-    parser.add_argument("--ranks", type=int, default=2, help="ranks for the read-once check")
-    parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the source disk")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (source and copies)")
     parser.add_argument(
-        "--local-dir", type=Path, default=Path("/dev/shm"), help="a directory on another device (1b)"
+        "--cgroup-mib", type=int, default=0, help="also the large cold case in a memory cgroup"
     )
-    parser.add_argument("--no-local-dir", action="store_true", help="skip 1b")
     args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    if unknown := set(cases) - set(CASES):
+        sys.exit(f"unknown cases {sorted(unknown)}; use {','.join(CASES)}")
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         work = Path(scratch)
-        cold = tools.drop_caches()
-        print(f"cold page cache: {cold}; medians of {args.repeats} repeats; scratch {work}")
-
-        large_size = args.large_files * (args.large_mib << 20)
-        tools.make_dataset(work / "large", large_size, args.large_mib << 20)
-        print(f"1. large files, one rank, {args.large_files} x {args.large_mib} MiB")
-        same = tools.seconds_by_round(work / "large", large_size, work, args.repeats, cold, LARGE_METHODS)
-        report_large(f"a. same disk ({work})", Rounds(large_size, same), judge_read=False)
-        local = None if args.no_local_dir else other_device(work, args.local_dir, large_size)
-        if local is None:
-            print("   b. skipped: no --local-dir on another device with room")
-        else:
-            with tempfile.TemporaryDirectory(dir=local) as target:
-                apart = tools.seconds_by_round(
-                    work / "large", large_size, Path(target), args.repeats, cold, LARGE_METHODS
-                )
-            report_large(f"b. to another device ({local})", Rounds(large_size, apart), judge_read=True)
-        shutil.rmtree(work / "large")
-
-        small_size = args.small_files * (args.small_kib << 10)
-        tools.make_dataset(work / "small", small_size, args.small_kib << 10)
-        small = Rounds(
-            small_size,
-            tools.seconds_by_round(work / "small", small_size, work, args.repeats, cold, ("cp", "mlhpc")),
-        )
-        ratio = small.ratio("mlhpc", "cp")
-        print(
-            f"2. small  {args.small_files} x {args.small_kib} KiB: cp {small.mb_s('cp'):.0f} MB/s, "
-            f"mlhpc stage {small.mb_s('mlhpc'):.0f} MB/s\n"
-            f"   ratio to cp {ratio:.2f} (target >= 2.0: {verdict(ratio >= 2.0)}; {small.spread('mlhpc', 'cp')})"
-        )
-
-        plan = [
-            {
-                "src": str(work / "small"),
-                "dest": str(work / "rep"),
-                "mode": "replicate",
-                "workers": 16,
-                "cold": cold,
-            }
-        ]
-        result = tools.run_plan_in_ranks(plan, args.ranks, work)[0]
-        reads = result["job_read_bytes"] / small_size
-        print(
-            f"3. replicate on {args.ranks} ranks: read {result['job_read_bytes']} of {small_size} source bytes "
-            f"= {reads:.2f}x (target 1.00: {verdict(reads == 1.0)}); "
-            f"{args.ranks * small_size / result['seconds'] / 1e6:.0f} MB/s written"
-        )
+        print(f"cold page cache possible: {tools.drop_caches()}; scratch {work}; {os.cpu_count()} CPUs")
+        small, large = work / "src-small", work / "src-large"
+        sizes = {
+            "small": (args.small_files, args.small_kib << 10),
+            "large": (args.large_files, args.large_mib << 20),
+        }
+        for case in cases:
+            kind = case.split("-")[0]
+            files, size = sizes[kind]
+            src = small if kind == "small" else large
+            tools.make_dataset(src, files * size, size)
+            if case.endswith("ranks"):
+                two_ranks(case, src, work, args.rounds, files, args.ranks)
+            else:
+                one_rank(case, src, work, args.rounds, files)
+        if args.cgroup_mib:
+            tools.make_dataset(large, args.large_files * (args.large_mib << 20), args.large_mib << 20)
+            cgroup_case(large, work, args.cgroup_mib, args.rounds)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ disk (`sync`), for the baselines and for `mlhpc stage` alike.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import mmap
@@ -334,6 +335,44 @@ def stage_seconds(src: Path, dest: Path, cold: bool = True) -> float:
     return _copy_seconds(lambda: stage_dataset(src, dest), dest, cold)
 
 
+def memory_cgroup(name: str, limit_bytes: int) -> Path | None:
+    """A new memory cgroup (v1 or v2) of `limit_bytes` under this process's own, or None where
+    none can be made (not root, no memory controller)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if number == "0" and controllers == "":
+            folder, limit = Path("/sys/fs/cgroup") / path.lstrip("/") / name, "memory.max"
+        elif "memory" in controllers.split(","):
+            folder, limit = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / name, "memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            folder.mkdir()
+            (folder / limit).write_text(f"{limit_bytes}\n")
+            return folder
+        except OSError:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
+
+
+def run_in_cgroup(group: Path, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run `command` inside `group` (its pid joins before it starts), output captured."""
+
+    def join() -> None:
+        (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+    proc = subprocess.run(list(command), capture_output=True, text=True, preexec_fn=join)
+    if proc.returncode:
+        raise StagingError(f"{command[0]} failed in {group}: {proc.stderr.strip()[-300:]}")
+    return proc
+
+
+def remove_cgroup(group: Path) -> None:
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
 def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Timed `stage_dataset` runs, one per plan row, on every rank together; rank 0's results.
 
@@ -357,12 +396,13 @@ def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[st
             processes=row.get("processes"),
         )
         comm.barrier()
-        if comm.rank == 0:
+        if comm.rank == 0 and row.get("sync", True):
             os.sync()
         comm.barrier()
         seconds = time.perf_counter() - started
         results.append({**row, "seconds": seconds, "job_read_bytes": report.job_read_bytes})
-        shutil.rmtree(dest, ignore_errors=True)
+        if not row.get("keep", False):
+            shutil.rmtree(dest, ignore_errors=True)
     return results
 
 

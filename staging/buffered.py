@@ -98,7 +98,9 @@ def copy_buffered(
                 raise changed(entry.path, n, entry.size)
             if entry.checksum and hasher.hexdigest() != entry.checksum:
                 raise mismatch(entry, algorithm)
-        target = landing(dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root))
+        target = landing(
+            dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root)
+        )
         tmp = os.path.join(dest_root, partial_name(entry.path))
         out = _create(tmp, target, mode)
         received = n

@@ -161,7 +161,9 @@ def copy_one(job: CopyJob, entry: FileEntry) -> Staged:
     """Copy one file by the job's path: buffered (lean), or through `copy_file`; not journaled."""
     if job.buffered:
         o = job.options
-        return copy_buffered(job.src_root, job.dest_root, entry, o.algorithm, o.umask, lambda: _check_stopping(job))
+        return copy_buffered(
+            job.src_root, job.dest_root, entry, o.algorithm, o.umask, lambda: _check_stopping(job)
+        )
     return copy_file(job, entry, record=False)
 
 
