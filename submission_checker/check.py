@@ -11,6 +11,7 @@ from mlhpc.common.layout import required_run_count
 
 from .claims import check_logs_against_system, check_scale_claim
 from .compliance import DEFAULT_RULESET, LogAnalysis, analyse_logs, known_rulesets, refusal, validate_ruleset
+from .energy import POWER_DIR, entry_energy
 from .findings import RULE_SYMLINK, Finding
 from .layout_checks import (
     EntryDir,
@@ -150,6 +151,11 @@ def score_entry(
     known = entry.benchmark in required_benchmarks()
     rcp, factor, rcp_findings = entry_rcp(entry, files, ruleset, closed=division == "closed" and known)
     metric = _metric(files)
+    energy, energy_findings = (
+        (None, [])
+        if link_out(entry.path / POWER_DIR, root) is not None
+        else entry_energy(entry.path, [run_timing(a) for a in files], entry.scaling, factor)
+    )
     return EntryReport(
         submitter=entry.submitter,
         system=entry.system,
@@ -159,7 +165,9 @@ def score_entry(
         score_raw_min=score.raw_min,
         score_min=apply_scaling_factor(score.raw_min, factor),
         models_per_min=score.models_per_min,
-        findings=tuple(f.relative_to(root) for f in [*findings, *score_findings, *rcp_findings]),
+        findings=tuple(
+            f.relative_to(root) for f in [*findings, *score_findings, *rcp_findings, *energy_findings]
+        ),
         rcp_scaling_factor=factor,
         division=division,
         rcp=rcp,
@@ -167,6 +175,9 @@ def score_entry(
         instance_scale=score.instance_scale,
         metric=metric,
         pruned_runs=_pruned_reports(pruned, root),
+        energy_j=None if energy is None else energy.energy_j,
+        energy_total_j=None if energy is None else energy.total_j,
+        models_per_kwh=None if energy is None else energy.models_per_kwh,
     )
 
 

@@ -96,6 +96,20 @@ def flops_lines(report: CheckReport) -> list[Text]:
     return lines
 
 
+def energy_lines(report: CheckReport) -> list[Text]:
+    """Energy to train of the entries with power logs, as the official summarizer scores it."""
+    lines = []
+    for e in report.entries:
+        if e.energy_j is None:
+            continue
+        what = "energy to train" if e.scaling == "strong" else "energy per model (summarizer's weak column)"
+        text = f"{e.submitter}/{e.system}/{e.scaling}/{e.benchmark}: {what} {e.energy_j / 3.6e6:.6g} kWh"
+        if e.models_per_kwh is not None:
+            text += f"; {e.models_per_kwh:.6g} models per kWh"
+        lines.append(Text(text))
+    return lines
+
+
 def finding_line(finding: Finding) -> Text:
     """`severity path:line rule: message`, the severity coloured."""
     text = Text(finding.severity, style=_STYLE.get(finding.severity, ""))
@@ -106,7 +120,7 @@ def finding_line(finding: Finding) -> Text:
 def print_report(report: CheckReport, console: Console) -> None:
     console.print(report_table(report))
     findings = list(report.all_findings())
-    for line in flops_lines(report):
+    for line in [*flops_lines(report), *energy_lines(report)]:
         console.print(line, soft_wrap=True)
     for finding in findings:
         console.print(finding_line(finding), soft_wrap=True)

@@ -78,6 +78,12 @@ class EntryReport:
     """The eval key the runs' convergence is measured by (eval_error, eval_accuracy)."""
     pruned_runs: tuple[RunReport, ...] = ()
     """Weak scaling: the instances under pruned_results/ (checked, never scored)."""
+    energy_j: float | None = None
+    """The official summarizer's energy (joules) from power/; None without power logs."""
+    energy_total_j: float | None = None
+    """Weak scaling: energy of all counted models together (joules)."""
+    models_per_kwh: float | None = None
+    """Weak scaling: counted models / energy_total_j in kWh."""
 
     @property
     def dropped_runs(self) -> int:
@@ -116,6 +122,9 @@ class EntryReport:
             "instance_scale": self.instance_scale,
             "rcp": None if self.rcp is None else self.rcp.to_json(),
             "pruned_runs": [r.to_json() for r in self.pruned_runs],
+            "energy_j": self.energy_j,
+            "energy_total_j": self.energy_total_j,
+            "models_per_kwh": self.models_per_kwh,
             "findings": [f.to_dict() for f in self.findings],
         }
 
