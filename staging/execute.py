@@ -57,6 +57,9 @@ class Work:
     """Bytes this rank read from the source."""
     held: list[Staged] | None = None
     """Everything the node holds, when this rank alone knows it (an archive's extractor)."""
+    records: dict[str, Staged] | None = None
+    """Every file of the node by source path, when this rank alone staged them (one rank a
+    node, copying): the node's manifest is made from these, not read back from the journals."""
 
 
 def stage_directory(
@@ -70,7 +73,8 @@ def stage_directory(
     """Copy this rank's files from the source, or exchange them with the other nodes."""
     topo = comm.topology
     files = rank_files(manifest, settings.mode, topo)
-    have = frozenset() if evidence is None else find_staged(dest, files, evidence, settings)
+    kept = [] if evidence is None else find_staged(dest, files, evidence, settings)
+    have = frozenset(s.source for s in kept)
     if uses_exchange(settings.mode, topo):
         return _exchange_directory(comm, src, dest, files, have, settings) if topo.in_exchange else Work()
     ops = plan_copies(files, have)
@@ -86,12 +90,13 @@ def stage_directory(
         settings.progress, len(ops), sum(op.entry.size for op in ops), f"staging {src.name}"
     ) as progress:
         staged = run_copies(ops, job, processes, progress.advance)
-    return Work(staged, skipped=len(have), read_bytes=sum(op.entry.size for op in ops))
+    records = {s.source: s for s in [*kept, *staged]} if topo.local_size == 1 else None
+    return Work(staged, skipped=len(have), read_bytes=sum(op.entry.size for op in ops), records=records)
 
 
 def find_staged(
     dest: Path, files: list[FileEntry], evidence: dict[str, Staged], settings: Settings
-) -> frozenset[str]:
+) -> list[Staged]:
     """The files a rerun may skip: staged before and still verifying (hashed in parallel).
 
     Each is journaled again, so that the node's manifest lists it even when the evidence was
@@ -100,9 +105,8 @@ def find_staged(
         found = [
             s for s in pool.map(lambda f: already_staged(dest, f, evidence, settings.options), files) if s
         ]
-    for staged in found:
-        journal(str(dest)).record(staged)
-    return frozenset(s.source for s in found)
+    journal(str(dest)).record_many(found)
+    return found
 
 
 def auto_processes(files: int, topo: Topology) -> int:

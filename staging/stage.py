@@ -458,7 +458,7 @@ def _node_manifest(
     if manifest is None:
         held = work.held or []
         return Manifest(algorithm, tuple(sorted((s.entry for s in held), key=lambda f: f.path)))
-    records = read_journals(dest)
+    records = work.records if work.records is not None else read_journals(dest)
     entries: list[FileEntry] = []
     for f in node_files(manifest, mode, topo):
         record = records.get(f.path)
