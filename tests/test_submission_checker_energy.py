@@ -24,18 +24,6 @@ DATA = Path(__file__).parent / "data"
 HOREKA = "horeka_gpu_n512_pytorch1.13"
 DEEPCAM = DATA / "hpc_v2.0_helmholtzai" / "HelmholtzAI" / "results" / HOREKA / "strong" / "deepcam"
 SYSTEM = DATA / "hpc_v2.0_helmholtzai" / "HelmholtzAI" / "systems" / f"{HOREKA}.json"
-FUGAKU_ENTRY = (
-    DATA
-    / "hpc_v3.0_weak"
-    / "Fujitsu+RIKEN"
-    / "results"
-    / "fugaku_82944xA64FX_tensorflow_closed"
-    / "weak"
-    / "cosmoflow"
-)
-FUGAKU_SYSTEM = (
-    DATA / "hpc_v3.0_weak" / "Fujitsu+RIKEN" / "systems" / "fugaku_82944xA64FX_tensorflow_closed.json"
-)
 
 
 def _run_window(result: Path) -> tuple[float, float]:
@@ -157,17 +145,18 @@ def test_strong_energy_is_the_official_summarizers(tmp_path: Path, case: int) ->
 
 
 def test_weak_energy_and_models_per_kwh(tmp_path: Path) -> None:
-    files = sorted(p.name for p in FUGAKU_ENTRY.glob("result_*.txt"))
-    org, entry = make_entry(tmp_path, FUGAKU_ENTRY, FUGAKU_SYSTEM, "weak", files)
+    # The five deepcam runs as five models (the official weak scoring on Fujitsu's cosmoflow logs
+    # takes minutes: its parser's regex is slow on their long lines).
+    files = [f"result_{i}.txt" for i in range(5)]
+    org, entry = make_entry(tmp_path, DEEPCAM, SYSTEM, "weak", files)
     add_power(entry, random.Random(7), nodes=3, switches=1, period_ms=900.0)
-    report = check_submission(org, ruleset="3.0.0")
+    report = check_submission(org, ruleset="2.0.0")
     ours = report.entries[0]
-    scores, power = official(entry, "weak", "3.0.0")
+    scores, power = official(entry, "weak", "2.0.0")
     assert ours.energy_j == pytest.approx(power, rel=1e-12, abs=0)
-    assert ours.num_models == scores["cosmoflow:number_of_models"] == 10
-    assert ours.energy_total_j is not None and ours.models_per_kwh == pytest.approx(
-        10 / (ours.energy_total_j / 3.6e6)
-    )
+    assert ours.num_models == scores["deepcam:number_of_models"] == 5
+    assert ours.energy_total_j is not None
+    assert ours.models_per_kwh == pytest.approx(5 / (ours.energy_total_j / 3.6e6))
     assert not [f for f in ours.findings if f.rule == "energy"]
 
 
