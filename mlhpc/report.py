@@ -113,6 +113,7 @@ def report_command(folder: Path, *, plot: Path | None = None) -> list[RunBreakdo
     )
     table.add_row("GFLOP per sample (fwd+bwd)", *(f"{r.breakdown.flops_per_sample / 1e9:.4f}" for r in runs))
     table.add_row("achieved GFLOP/s", *(f"{r.breakdown.achieved_flops_per_s / 1e9:.1f}" for r in runs))
+    table.add_row("how it ran", *(escape(_settings(r.breakdown)) for r in runs))
     console.print(table)
     if plot is not None:
         plot_breakdowns(runs, plot)
@@ -135,6 +136,25 @@ def plot_breakdowns(runs: list[RunBreakdown], path: Path) -> None:
     axis.set_xlabel("seconds (init + time-to-train)")
     axis.legend(ncol=5, fontsize=7, loc="lower right")
     write_png(fig, path)
+
+
+def _settings(breakdown: Breakdown) -> str:
+    """device, precision, compiled, memory format, loader; '' for a breakdown from before they were kept."""
+    settings = breakdown.settings
+    if not settings:
+        return ""
+    compiled = "compiled" if settings.get("compile") else "eager"
+    return " ".join(
+        str(part)
+        for part in (
+            settings.get("device"),
+            settings.get("precision"),
+            compiled,
+            settings.get("memory_format"),
+            settings.get("loader"),
+        )
+        if part is not None
+    )
 
 
 def _seconds_share(breakdown: Breakdown, phase: str) -> str:
