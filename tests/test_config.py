@@ -20,9 +20,10 @@ def test_packaged_configs_load(cosmo_cfg) -> None:
     assert full.optimizer.base_learning_rate == 0.001
     assert full.optimizer.base_batch_size == 64
     assert full.optimizer.warmup_epochs == 4
-    assert full.optimizer.decay_boundary_epochs == (32, 64)
-    assert full.optimizer.decay_factors == (0.25, 0.125)
-    assert full.model.dropout == 0.5
+    assert full.optimizer.decay_boundary_epochs == (16, 32)  # the RCP reference at batch 64
+    assert full.optimizer.decay_factors == (0.25,)
+    assert full.optimizer.weight_decay == 0.01
+    assert full.model.dropout == 0.0
     assert full.loop.target == 0.124
     mini = cosmo_cfg()
     assert mini.loop.target == 0.124  # the official rules fix the target, mini too
@@ -44,7 +45,7 @@ def test_overrides_are_typed(cosmo_cfg) -> None:
         ("loop.max_epochs=three", "loop.max_epochs"),
         ("loop.max_epochs=true", "loop.max_epochs"),
         ("data.loader=tf", "data.loader"),
-        ("optimizer.decay_factors=[0.5]", "decay_factors"),
+        ("optimizer.decay_factors=[0.5, 0.25, 0.1]", "decay_factors"),
         ("loop.max_epochs", "key=value"),
     ],
 )

@@ -119,9 +119,50 @@ def test_lr_schedule_follows_the_reference(cosmo_cfg) -> None:
     assert train.lr_multiplier(cfg, 0.0) == pytest.approx(0.25)  # warm-up starts at the base LR
     assert train.lr_multiplier(cfg, 2.0) == pytest.approx(0.625)
     assert train.lr_multiplier(cfg, 4.0) == 1.0
-    assert train.lr_multiplier(cfg, 32.0) == 0.25
-    assert train.lr_multiplier(cfg, 64.5) == 0.125
+    assert train.lr_multiplier(cfg, 16.0) == 0.25  # one factor, applied at each boundary
+    assert train.lr_multiplier(cfg, 32.5) == 0.0625
     keys = train.hyperparameters(cfg, init_distributed("auto", "cpu"))
-    assert keys["opt_base_learning_rate"] == pytest.approx(0.004)
+    # As the RCP references log it: the base LR before scaling, and the factor up to the peak.
+    assert keys["opt_base_learning_rate"] == pytest.approx(0.001)
     assert keys["opt_learning_rate_warmup_factor"] == pytest.approx(4.0)
-    assert keys["opt_name"] == "sgd"
+    assert keys["opt_learning_rate_decay_factor"] == 0.25
+    assert keys["opt_name"] == "SGD"
+
+
+def test_one_factor_per_boundary_is_an_absolute_multiplier(cosmo_cfg) -> None:
+    cfg = cosmo_cfg(name="rcp_512")
+    assert [train.lr_multiplier(cfg, e) for e in (18.0, 19.0, 21.0, 22.0, 23.0)] == [
+        1.0,
+        0.5,
+        0.25,
+        0.125,
+        0.0625,
+    ]
+    assert train.hyperparameters(cfg, init_distributed("auto", "cpu"))["opt_learning_rate_decay_factor"] == [
+        0.5,
+        0.25,
+        0.125,
+        0.0625,
+    ]
+
+
+def test_weight_decay_only_on_the_hidden_dense_kernels(cosmo_cfg) -> None:
+    """As the references: an L2 term on the hidden dense layers' kernels; none on convolutions,
+    biases or the output layer. One SGD step with zero gradients moves exactly those."""
+    cfg = cosmo_cfg("optimizer.weight_decay=0.5", "optimizer.momentum=0.0", name="mini")
+    net = model.build_model(cfg)
+    ctx = init_distributed("auto", "cpu")
+    optimizer, _ = train.build_optimizer(cfg, net, ctx, steps_per_epoch=1)
+    decayed = {
+        name
+        for name, p in net.named_parameters()
+        for g in optimizer.param_groups
+        if g["weight_decay"] > 0 and any(p is q for q in g["params"])
+    }
+    assert decayed == {f"dense.{i}.weight" for i in range(len(cfg.model.dense_units))}
+    before = {name: p.detach().clone() for name, p in net.named_parameters()}
+    for p in net.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    moved = {name for name, p in net.named_parameters() if not torch.equal(p, before[name])}
+    assert moved == decayed

@@ -52,8 +52,8 @@ class ModelConfig:
     kernel_size: int = 3
     dense_units: tuple[int, ...] = (128, 64)
     """Hidden fully connected layers before the 4 outputs."""
-    dropout: float = 0.5
-    """Dropout after each hidden dense layer."""
+    dropout: float = 0.0
+    """Dropout after each hidden dense layer (0.0 or 0.5 by RCP reference)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -61,26 +61,39 @@ class OptimizerConfig:
     """SGD with momentum, linear LR scaling, linear warm-up and step decays (epochs)."""
 
     base_learning_rate: float = 0.001
-    """LR at base_batch_size; scaled linearly with the global batch size."""
+    """LR at base_batch_size (logged as opt_base_learning_rate); scaled linearly with the global
+    batch size: the peak LR is base_learning_rate x warm-up factor (global / base batch size)."""
     base_batch_size: int = 64
     momentum: float = 0.9
     weight_decay: float = 0.0
+    """On the hidden dense layers' kernels only, as both references apply it."""
     warmup_epochs: int = 4
     """LR rises linearly from base_learning_rate to the scaled LR over these epochs."""
-    decay_boundary_epochs: tuple[int, ...] = (32, 64)
-    decay_factors: tuple[float, ...] = (0.25, 0.125)
-    """Multiplier of the scaled LR from each boundary epoch on."""
+    decay_boundary_epochs: tuple[int, ...] = (16, 32)
+    decay_factors: tuple[float, ...] = (0.25,)
+    """One per boundary: the multiplier of the scaled LR from that epoch on; or a single factor
+    applied again at every boundary (0.25 at (16, 32): x0.25, then x0.0625), logged as that one
+    number, as the RCP references at batch 64, 128 and 1024 write it."""
 
     def __post_init__(self) -> None:
         check_positive("optimizer.base_learning_rate", self.base_learning_rate)
         check_at_least("optimizer.base_batch_size", self.base_batch_size, 1)
         for name in ("momentum", "weight_decay", "warmup_epochs"):
             check_at_least(f"optimizer.{name}", getattr(self, name), 0)
-        if len(self.decay_boundary_epochs) != len(self.decay_factors):
+        if len(self.decay_factors) not in (1, len(self.decay_boundary_epochs)):
             raise ValueError(
                 f"optimizer.decay_boundary_epochs has {len(self.decay_boundary_epochs)} entries but "
-                f"optimizer.decay_factors has {len(self.decay_factors)}; give one factor per boundary"
+                f"optimizer.decay_factors has {len(self.decay_factors)}; give one factor per boundary, "
+                "or one factor for every boundary"
             )
+
+    def decay_multiplier(self, boundaries_passed: int) -> float:
+        """The multiplier of the scaled LR once this many decay boundaries have passed."""
+        if boundaries_passed == 0:
+            return 1.0
+        if len(self.decay_factors) == 1:
+            return self.decay_factors[0] ** boundaries_passed
+        return self.decay_factors[boundaries_passed - 1]
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -82,11 +82,13 @@ def hyperparameters(cfg: DeepCamConfig, ctx: DistContext) -> dict[str, Any]:
         "scheduler_type": opt.scheduler,
         "scheduler_lr_warmup_steps": opt.warmup_steps,
         "scheduler_lr_warmup_factor": opt.warmup_factor,
+        "scheduler_decay_rate": opt.decay_rate,  # the reference logs it for either schedule
     }
     if opt.scheduler == "multistep":
-        keys |= {"scheduler_milestones": list(opt.milestones), "scheduler_decay_rate": opt.decay_rate}
+        keys |= {"scheduler_milestones": list(opt.milestones)}
     else:
         keys |= {"scheduler_t_max": opt.t_max, "scheduler_eta_min": opt.eta_min}
+    keys["num_workers"] = cfg.data.num_workers
     return keys
 
 
