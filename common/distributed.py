@@ -94,6 +94,23 @@ class DistContext:
         dist.broadcast_object_list(box, group=self.group, group_src=src)
         return box[0]
 
+    def metric_sync(self) -> dict[str, Any]:
+        """torchmetrics keyword arguments that reduce a metric over exactly this context's ranks:
+        one model instance's group (never the world of a weak-scaling job), Horovod's ranks
+        through its own allgather (torchmetrics knows only torch.distributed), or no sync at all
+        for a single rank."""
+        if not self.distributed:
+            return {"sync_on_compute": False, "distributed_available_fn": lambda: False}
+        if self._hvd is not None:
+            hvd = self._hvd
+
+            def gather(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+                parts = hvd.allgather_object(tensor.detach().cpu())
+                return [part.to(tensor.device) for part in parts]
+
+            return {"dist_sync_fn": gather, "distributed_available_fn": lambda: True}
+        return {"process_group": self.group or dist.group.WORLD, "distributed_available_fn": lambda: True}
+
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Data-parallel wrapper for the backend (DDP; Horovod wraps the optimizer instead)."""
         if not self.distributed or self._hvd is not None:

@@ -357,18 +357,20 @@ def build_data(cfg: ExtremeWeatherConfig, data_dir: Path, ctx: DistContext, seed
 
 
 # ---------------------------------------------------------------- quality
-def mean_average_precision() -> Any:
-    """torchmetrics' COCO mAP (pycocotools backend) at IoU 0.5 only: HPC AI500's mAP@[IoU=0.5]."""
+def mean_average_precision(**sync: Any) -> Any:
+    """torchmetrics' COCO mAP (pycocotools backend) at IoU 0.5 only: HPC AI500's mAP@[IoU=0.5].
+    `sync`: how it reduces over ranks (DistContext.metric_sync)."""
     from torchmetrics.detection import MeanAveragePrecision
 
     return MeanAveragePrecision(
-        box_format="xyxy", iou_type="bbox", iou_thresholds=[IOU_THRESHOLD], backend="pycocotools"
+        box_format="xyxy", iou_type="bbox", iou_thresholds=[IOU_THRESHOLD], backend="pycocotools", **sync
     )
 
 
 def evaluate(model: torch.nn.Module, loader: Any, ctx: DistContext) -> float:
-    """mAP@0.5 over every validation snapshot; torchmetrics gathers the ranks' detections."""
-    metric = mean_average_precision().to(ctx.device)
+    """mAP@0.5 over every validation snapshot of this model's ranks (one instance's group in a
+    weak-scaling job); torchmetrics gathers their detections."""
+    metric = mean_average_precision(**ctx.metric_sync()).to(ctx.device)
     for images, targets in loader:
         images = images.to(ctx.device)
         detections = model(images)
