@@ -266,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("path", type=Path, help="the --out folder of `mlhpc run`, or one breakdown file")
     report.add_argument("--plot", type=Path, default=None, help="write a stacked bar per run as PNG")
     report.set_defaults(handler=_report)
+    _add_results_parser(sub)
     return parser
 
 
@@ -469,6 +470,62 @@ def _report(args: argparse.Namespace) -> int:
 
     report_command(args.path, plot=args.plot)
     return 0
+
+
+def _add_results_parser(sub: argparse._SubParsersAction) -> None:
+    results = _command(
+        sub,
+        "results",
+        "keep checked entries (ours and published rounds) in one SQLite file and compare them",
+        "mlhpc results add /data/hpc_results_v3.0 runs/mlhpc\n"
+        "mlhpc results compare mlhpc/myhost_gpu_n1/strong/cosmoflow --report compare/",
+    )
+    what = results.add_subparsers(dest="results_command", required=True, metavar="ACTION")
+    add = what.add_parser("add", help="check folders and store their entries (re-adding replaces)")
+    add.add_argument(
+        "dirs", type=Path, nargs="+", metavar="DIR", help="an organisation's folder or a round's"
+    )
+    add.add_argument(
+        "--origin",
+        choices=("auto", "published", "ours"),
+        default="auto",
+        help="auto: published when the folder is named for a round (hpc_results_v3.0)",
+    )
+    add.add_argument("--jobs", type=int, default=None, help="parallel compliance checks")
+    listing = what.add_parser("list", help="the stored entries")
+    listing.add_argument("--benchmark", default=None)
+    compare = what.add_parser("compare", help="one entry against the published ones of its benchmark")
+    compare.add_argument("entry", help="an id (see list) or submitter/system/scaling/benchmark")
+    compare.add_argument("--report", type=Path, default=None, metavar="DIR", help="write DIR/index.html")
+    for action in (add, listing, compare):
+        action.add_argument(
+            "--db",
+            type=Path,
+            default=None,
+            help="the store (default $MLHPC_RESULTS_DB or ~/.local/share/mlhpc/results.sqlite)",
+        )
+    results.set_defaults(handler=_results)
+
+
+def _results(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from mlhpc import results_command as command
+    from mlhpc.results_store import default_db
+
+    db = args.db or default_db()
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 200  # a log file has room; rich would squeeze the table into 80
+    if args.results_command == "add":
+        return command.add_command(args.dirs, db, args.origin, args.jobs, out)
+    if args.results_command == "list":
+        return command.list_command(db, args.benchmark, out)
+    if args.report is not None:
+        from mlhpc.common.writable import check_writable_dir
+
+        check_writable_dir(args.report, "--report")
+    return command.compare_command(db, args.entry, args.report, out)
 
 
 def _check(args: argparse.Namespace) -> int:

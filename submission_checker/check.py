@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import required_run_count
@@ -25,7 +27,7 @@ from .layout_checks import (
     link_out,
     load_system,
 )
-from .logparse import EVAL_KEYS, sniff_log
+from .logparse import EVAL_KEYS, RunLog, sniff_log
 from .rcp_checks import entry_rcp
 from .report import CheckReport, EntryReport, RunReport
 from .ruleset import RulesetChoice, detect_ruleset, ruleset_of_folder
@@ -64,6 +66,19 @@ def _metric(files: Sequence[LogAnalysis]) -> str | None:
     return max(EVAL_KEYS, key=keys.count) if keys else None
 
 
+def _run_facts(log: RunLog | None) -> dict[str, Any]:
+    """Staging time, median throughput and scale of one run, for the results store."""
+    if log is None:
+        return {}
+    nodes = log.number_of_nodes
+    return {
+        "staging_s": None if log.staging_ms is None else log.staging_ms / 1000,
+        "samples_per_s": statistics.median(log.throughputs) if log.throughputs else None,
+        "nodes": nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None,
+        "accelerators": log.instance_scale,
+    }
+
+
 def _pruned_reports(files: Sequence[LogAnalysis], root: Path) -> tuple[RunReport, ...]:
     reports = []
     for analysis in files:
@@ -99,6 +114,7 @@ def _run_reports(
                 evals,
                 achieved_flops_per_s=None if log is None else log.achieved_flops_per_s,
                 valid_flops=None if log is None else log.valid_flops,
+                **_run_facts(log),
             )
         )
     return tuple(runs)

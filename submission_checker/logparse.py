@@ -75,6 +75,10 @@ class RunLog:
     """Value of the first `submission_platform` line."""
     status: Any = None
     """Value of the first `submission_status` line."""
+    staging_ms: float | None = None
+    """First staging_stop minus the staging_start before it; None when the log has no such pair."""
+    throughputs: tuple[float, ...] = ()
+    """`tracked_stats` throughput values (samples/s of the run) up to run_stop, in log order."""
 
     @property
     def has_start_stop(self) -> bool:
@@ -144,6 +148,8 @@ class _Collector:
         self.seeds: list[tuple[str, int]] = []
         self.evals: list[tuple[str, float, float]] = []
         self.staging_first = False
+        self.staging: tuple[float | None, float | None] = (None, None)
+        self.throughputs: list[float] = []
         self.last_ms = float("-inf")
         self.backwards = 0
         self.backwards_line: int | None = None
@@ -163,6 +169,7 @@ class _Collector:
                 self.stop = (time_ms, number, None if status is None else str(status))
         if key == "staging_start" and self.start is None:
             self.staging_first = True
+        self._staging_and_throughput(key, record, time_ms)
         if isinstance(key, str) and key not in self.first:
             self.first[key] = record["value"]
         if key == "seed":
@@ -171,6 +178,23 @@ class _Collector:
             point = _eval_point(key, record)
             if point is not None:
                 self.evals.append(point)
+
+    def _staging_and_throughput(self, key: str, record: dict[str, Any], time_ms: float) -> None:
+        begin, end = self.staging
+        if key == "staging_start" and begin is None:
+            self.staging = (time_ms, None)
+        elif key == "staging_stop" and begin is not None and end is None:
+            self.staging = (begin, time_ms)
+        elif key == "tracked_stats" and self.stop is None and len(self.throughputs) < MAX_EVAL_POINTS:
+            value = record["value"]
+            rate = _number(value.get("throughput")) if isinstance(value, dict) else None
+            if rate is not None and rate > 0:
+                self.throughputs.append(rate)
+
+    @property
+    def staging_ms(self) -> float | None:
+        begin, end = self.staging
+        return None if begin is None or end is None or end < begin else end - begin
 
 
 def _eval_point(key: str, record: dict[str, Any]) -> tuple[str, float, float] | None:
@@ -248,6 +272,8 @@ def parse_log(path: Path | str) -> RunLog:
         org=first.get("submission_org"),
         platform=first.get("submission_platform"),
         status=first.get("submission_status"),
+        staging_ms=state.staging_ms,
+        throughputs=tuple(state.throughputs),
     )
 
 

@@ -29,6 +29,14 @@ class RunReport:
     """HPC AI500 benchmarks: training FLOP/s the run logged (None when it logged none)."""
     valid_flops: float | None = None
     """HPC AI500 benchmarks: Valid FLOPS the run logged (None when it logged none)."""
+    staging_s: float | None = None
+    """staging_start to staging_stop in seconds; None when the log has no staging interval."""
+    samples_per_s: float | None = None
+    """Median `tracked_stats` throughput of the run (samples/s); None when it logged none."""
+    nodes: int | None = None
+    """number_of_nodes the run logged."""
+    accelerators: int | None = None
+    """Accelerators the run (one model) used: number_of_nodes × max(accelerators_per_node, 1)."""
 
     def to_json(self) -> dict[str, Any]:
         flops = (

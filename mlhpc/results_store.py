@@ -1,0 +1,329 @@
+"""The results store: every checked entry (ours and the published rounds') in one SQLite file.
+
+Rows come from what `mlhpc check` computes (`CheckReport`); nothing re-reads the logs. One
+`add` is one transaction; SQLite's file locking with a busy timeout lets two processes add at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sqlite3
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlhpc.common import safe_read
+from mlhpc.common.errors import MlhpcError
+from mlhpc.submission_checker.report import CheckReport, EntryReport, RunReport
+
+DB_ENV = "MLHPC_RESULTS_DB"
+APPLICATION_ID = 0x6D6C6870  # "mlhp" in the SQLite header: marks a file this program made
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 60.0
+"""How long a writer waits for another process's transaction before giving up."""
+ORIGINS = ("published", "ours")
+IDENTITY = ("origin", "ruleset", "submitter", "system", "scaling", "benchmark")
+ENTRY_COLUMNS = (
+    *IDENTITY,
+    "division",
+    "source",
+    "nodes",
+    "accelerators",
+    "num_models",
+    "runs",
+    "pruned_runs",
+    "score_raw_min",
+    "score_min",
+    "rcp_scaling_factor",
+    "models_per_min",
+    "rcp_verdict",
+    "epochs",
+    "staging_s",
+    "staging_share",
+    "samples_per_s_per_accelerator",
+    "energy_j",
+    "energy_total_j",
+    "models_per_kwh",
+    "errors",
+    "warnings",
+    "added_at",
+)
+RUN_COLUMNS = (
+    "entry_id",
+    "file",
+    "pruned",
+    "minutes",
+    "compliant",
+    "dropped",
+    "epochs",
+    "staging_s",
+    "samples_per_s",
+    "nodes",
+    "accelerators",
+)
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY,
+    {", ".join(f"{c} TEXT NOT NULL" for c in IDENTITY)},
+    division TEXT, source TEXT NOT NULL, nodes INTEGER, accelerators INTEGER, num_models INTEGER,
+    runs INTEGER NOT NULL, pruned_runs INTEGER NOT NULL, score_raw_min REAL, score_min REAL,
+    rcp_scaling_factor REAL, models_per_min REAL, rcp_verdict TEXT, epochs REAL, staging_s REAL,
+    staging_share REAL, samples_per_s_per_accelerator REAL, energy_j REAL, energy_total_j REAL,
+    models_per_kwh REAL, errors INTEGER NOT NULL, warnings INTEGER NOT NULL, added_at TEXT NOT NULL,
+    UNIQUE ({", ".join(IDENTITY)})
+);
+CREATE TABLE IF NOT EXISTS runs (
+    entry_id INTEGER NOT NULL REFERENCES entries(id), file TEXT NOT NULL, pruned INTEGER NOT NULL,
+    minutes REAL, compliant INTEGER NOT NULL, dropped TEXT, epochs REAL, staging_s REAL,
+    samples_per_s REAL, nodes INTEGER, accelerators INTEGER
+);
+CREATE INDEX IF NOT EXISTS runs_by_entry ON runs(entry_id);
+CREATE INDEX IF NOT EXISTS entries_by_benchmark ON entries(benchmark);
+"""
+
+
+def default_db() -> Path:
+    """$MLHPC_RESULTS_DB, else $XDG_DATA_HOME/mlhpc/results.sqlite (~/.local/share/mlhpc/...)."""
+    if os.environ.get(DB_ENV):
+        return Path(os.environ[DB_ENV])
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "mlhpc" / "results.sqlite"
+
+
+def _fix(db: Path) -> str:
+    return f"move {db} away (it is not deleted) or pass --db with another file"
+
+
+@contextlib.contextmanager
+def _sqlite_errors(db: Path) -> Iterator[None]:
+    """sqlite3's errors as one MlhpcError naming the file and the fix."""
+    try:
+        yield
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):
+            raise MlhpcError(
+                f"{db} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s; retry when it is done"
+            ) from e
+        raise MlhpcError(f"cannot use the results store {db} ({e}); check the file and its folder") from e
+    except sqlite3.DatabaseError as e:
+        if any(word in str(e) for word in ("not a database", "malformed", "corrupt")):
+            raise MlhpcError(f"{db} is not a readable results store ({e}); {_fix(db)}") from e
+        raise MlhpcError(f"the results store {db} refused the write ({e}); nothing was stored") from e
+
+
+@contextlib.contextmanager
+def open_store(db: Path | str, *, create: bool) -> Iterator[sqlite3.Connection]:
+    """A connection to the store `db` (made when `create` and it does not exist yet).
+
+    Refused with one line: a path that is not a regular file, a file that is not SQLite or is
+    another program's database, a store from a newer mlhpc.
+    """
+    db = Path(db)
+    if db.exists() or db.is_symlink():
+        why = safe_read.refusal(db, what="a results store")
+        if why is not None:
+            raise MlhpcError(f"results store {db}: {why.reason}; {_fix(db)}")
+    elif not create:
+        raise MlhpcError(f"no results store at {db}; add entries first: mlhpc results add DIR --db {db}")
+    else:
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MlhpcError(
+                f"cannot make {db.parent} ({e.strerror or e}); pass --db in a writable folder"
+            ) from e
+    with _sqlite_errors(db):
+        connection = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    try:
+        with _sqlite_errors(db):
+            connection.execute("PRAGMA foreign_keys = ON")
+            _prepare(connection, db)
+            yield connection
+    finally:
+        connection.close()
+
+
+def _prepare(connection: sqlite3.Connection, db: Path) -> None:
+    """Check the file is ours (or empty) and make the tables, in one write transaction."""
+    app = connection.execute("PRAGMA application_id").fetchone()[0]
+    version = connection.execute("PRAGMA user_version").fetchone()[0]
+    if app == APPLICATION_ID and version == SCHEMA_VERSION:
+        return
+    if app == APPLICATION_ID and version > SCHEMA_VERSION:
+        raise MlhpcError(f"{db} was written by a newer mlhpc (schema {version}); upgrade mlhpc")
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        app = connection.execute("PRAGMA application_id").fetchone()[0]
+        tables = connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app != APPLICATION_ID and (app != 0 or tables):
+            raise MlhpcError(f"{db} is another program's SQLite database, not a results store; {_fix(db)}")
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                connection.execute(statement)
+        connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+
+
+def _kept(entry: EntryReport) -> list[RunReport]:
+    """The runs the score counts (strong: olympic, without fastest and slowest; weak: counted)."""
+    return [r for r in entry.runs if r.dropped is None]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _mode(values: Sequence[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(set(known), key=known.count) if known else None
+
+
+def entry_figures(entry: EntryReport) -> dict[str, Any]:
+    """Scale, epochs, staging and per-accelerator throughput of an entry, over its counted runs.
+
+    staging_share: staging seconds over the time to train, summed over the runs that logged both.
+    Per-accelerator throughput: median over runs of (median tracked_stats samples/s) / accelerators.
+    """
+    runs = _kept(entry)
+    both = [r for r in runs if r.staging_s is not None and r.minutes]
+    per_acc = [r.samples_per_s / r.accelerators for r in runs if r.samples_per_s and r.accelerators]
+    return {
+        "nodes": _mode([r.nodes for r in runs]),
+        "accelerators": _mode([r.accelerators for r in runs]),
+        "epochs": _mean([r.epochs for r in runs]),
+        "staging_s": _mean([r.staging_s for r in runs]),
+        "staging_share": (
+            sum(r.staging_s or 0.0 for r in both) / sum((r.minutes or 0.0) * 60 for r in both)
+            if both
+            else None
+        ),
+        "samples_per_s_per_accelerator": statistics.median(per_acc) if per_acc else None,
+    }
+
+
+def _entry_row(report: CheckReport, entry: EntryReport, origin: str, added_at: str) -> dict[str, Any]:
+    errors = sum(f.severity == "error" for f in entry.findings)
+    return {
+        "origin": origin,
+        "ruleset": report.ruleset,
+        "submitter": entry.submitter,
+        "system": entry.system,
+        "scaling": entry.scaling,
+        "benchmark": entry.benchmark,
+        "division": entry.division,
+        "source": report.root,
+        "num_models": entry.num_models,
+        "runs": len(entry.runs),
+        "pruned_runs": len(entry.pruned_runs),
+        "score_raw_min": entry.score_raw_min,
+        "score_min": entry.score_min,
+        "rcp_scaling_factor": entry.rcp_scaling_factor,
+        "models_per_min": entry.models_per_min,
+        "rcp_verdict": None if entry.rcp is None else entry.rcp.verdict,
+        "energy_j": entry.energy_j,
+        "energy_total_j": entry.energy_total_j,
+        "models_per_kwh": entry.models_per_kwh,
+        "errors": errors,
+        "warnings": len(entry.findings) - errors,
+        "added_at": added_at,
+        **entry_figures(entry),
+    }
+
+
+def _run_rows(entry_id: int, entry: EntryReport) -> list[tuple[Any, ...]]:
+    rows = []
+    for pruned, runs in ((0, entry.runs), (1, entry.pruned_runs)):
+        for r in runs:
+            values = (r.file, pruned, r.minutes, int(r.compliant), r.dropped, r.epochs, r.staging_s)
+            rows.append((entry_id, *values, r.samples_per_s, r.nodes, r.accelerators))
+    return rows
+
+
+@dataclass(frozen=True)
+class Added:
+    entries: int
+    replaced: int
+    runs: int
+
+
+def add_reports(connection: sqlite3.Connection, reports: Sequence[tuple[CheckReport, str]]) -> Added:
+    """Store every entry of each (report, origin) in one transaction; an entry already stored
+    under the same identity (origin, ruleset, submitter, system, scaling, benchmark) is replaced,
+    keeping its id."""
+    added_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    where = " AND ".join(f"{c} = ?" for c in IDENTITY)
+    insert_entry = (
+        f"INSERT INTO entries (id, {', '.join(ENTRY_COLUMNS)}) VALUES (?{', ?' * len(ENTRY_COLUMNS)})"
+    )
+    insert_run = f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({', '.join('?' * len(RUN_COLUMNS))})"
+    entries = replaced = runs = 0
+    connection.execute("BEGIN IMMEDIATE")  # the write lock now: no reader-to-writer upgrade deadlock
+    try:
+        for report, origin in reports:
+            for entry in report.entries:
+                row = _entry_row(report, entry, origin, added_at)
+                old = connection.execute(
+                    f"SELECT id FROM entries WHERE {where}", [row[c] for c in IDENTITY]
+                ).fetchone()
+                if old is not None:
+                    connection.execute("DELETE FROM runs WHERE entry_id = ?", (old[0],))
+                    connection.execute("DELETE FROM entries WHERE id = ?", (old[0],))
+                    replaced += 1
+                cursor = connection.execute(
+                    insert_entry, [None if old is None else old[0], *(row[c] for c in ENTRY_COLUMNS)]
+                )
+                run_rows = _run_rows(int(cursor.lastrowid or 0), entry)
+                connection.executemany(insert_run, run_rows)
+                entries, runs = entries + 1, runs + len(run_rows)
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    return Added(entries, replaced, runs)
+
+
+def fetch_entries(
+    connection: sqlite3.Connection, where: str = "", args: Sequence[Any] = ()
+) -> list[dict[str, Any]]:
+    """Entries as dicts (with their id), ordered by benchmark, ruleset, submitter, system, scaling."""
+    connection.row_factory = sqlite3.Row
+    order = " ORDER BY benchmark, ruleset, submitter, system, scaling"
+    query = f"SELECT * FROM entries {f'WHERE {where}' if where else ''}{order}"
+    return [dict(row) for row in connection.execute(query, list(args))]
+
+
+def find_entry(connection: sqlite3.Connection, name: str, db: Path) -> dict[str, Any]:
+    """One entry by id, or by [origin/][ruleset/]submitter/system/scaling/benchmark or any tail of it
+    (system/scaling/benchmark); a miss or several matches is one line naming what exists."""
+    if name.isdigit():
+        found = fetch_entries(connection, "id = ?", (int(name),))
+    else:
+        parts = [p for p in name.strip("/").split("/") if p]
+        found = [e for e in fetch_entries(connection) if _matches(e, parts)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise MlhpcError(
+            f"no entry {name!r} in {db}; pass an id or submitter/system/scaling/benchmark "
+            "(see mlhpc results list)"
+        )
+    names = ", ".join(f"{e['id']} ({entry_name(e)})" for e in found[:10])
+    raise MlhpcError(f"{name!r} matches {len(found)} entries in {db}: {names}; pass one id")
+
+
+def _matches(entry: dict[str, Any], parts: list[str]) -> bool:
+    full = [entry[c] for c in IDENTITY]
+    return 0 < len(parts) <= len(full) and full[len(full) - len(parts) :] == parts
+
+
+def entry_name(entry: dict[str, Any]) -> str:
+    return "/".join(str(entry[c]) for c in IDENTITY)
