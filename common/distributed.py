@@ -116,8 +116,11 @@ class DistContext:
         if not self.distributed or self._hvd is not None:
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # No buffer broadcast from rank 0 before every forward (a collective per step): each rank
+        # keeps its own batch-norm statistics, averaged before each evaluation, as the DeepCAM
+        # reference does (average_batchnorm_statistics).
         return torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=device_ids, process_group=self.group
+            model, device_ids=device_ids, process_group=self.group, broadcast_buffers=False
         )
 
     def split(self, instances: int) -> DistContext:
@@ -165,6 +168,23 @@ class DistContext:
             named_parameters=model.named_parameters(),
             backward_passes_per_step=backward_passes_per_step,
         )
+
+
+def average_batchnorm_statistics(model: torch.nn.Module, ctx: DistContext) -> None:
+    """Set every batch-norm layer's running mean and variance to their mean over the ranks of
+    `ctx` (one collective for all layers); nothing to do on one rank or without batch norm."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    buffers = [b for m in layers for b in (m.running_mean, m.running_var) if b is not None]
+    if not ctx.distributed or not buffers:
+        return
+    flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
+    ctx.all_reduce_sum(flat)
+    flat /= ctx.world_size
+    offset = 0
+    for buffer in buffers:
+        count = buffer.numel()
+        buffer.copy_(flat[offset : offset + count].view_as(buffer))
+        offset += count
 
 
 def init_distributed(

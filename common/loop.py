@@ -23,7 +23,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mlhpc.common import run_events
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.distributed import DistContext, average_batchnorm_statistics
 from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.mllogger import MLLog, constants
 from mlhpc.common.registry import Benchmark, DataBundle
@@ -275,6 +275,9 @@ class _Training:
         return self.stats.last_samples_per_s
 
     def evaluate(self) -> float:
+        # Ranks keep their own batch-norm statistics while training (no buffer broadcast per
+        # step); the evaluated model carries their mean, as the DeepCAM reference's does.
+        average_batchnorm_statistics(self.model, self.ctx)
         self.model.eval()
         with torch.no_grad(), self._autocast():
             return float(self.bench.evaluate(self.model, self.data.validation, self.ctx))
