@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mlhpc.common.fileio import atomic_write_text
 
+from .energy import J_PER_KWH
 from .findings import Finding
 from .report import CheckReport, EntryReport
 
@@ -196,6 +197,38 @@ def _runs_html(entry: EntryReport) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _kwh(joules: float | None) -> str:
+    return "-" if joules is None else f"{joules / J_PER_KWH:.6g}"
+
+
+def _energy_html(entry: EntryReport) -> str:
+    """The official summarizer's energy, or why there is none."""
+    if entry.energy_j is None:
+        return "<p>Energy: none (no power/ logs, or they could not be scored; see the findings).</p>"
+    if entry.scaling == "strong":
+        return f"<p>Energy to train: <b>{_kwh(entry.energy_j)} kWh</b> (olympic mean × RCP factor).</p>"
+    per_kwh = "-" if entry.models_per_kwh is None else f"{entry.models_per_kwh:.6g}"
+    return (
+        f"<p>Energy per model (the summarizer's weak column): <b>{_kwh(entry.energy_j)} kWh</b>; all counted "
+        f"models {_kwh(entry.energy_total_j)} kWh; <b>{per_kwh} models per kWh</b>.</p>"
+    )
+
+
+def _pruned_html(entry: EntryReport) -> str:
+    """Weak scaling: the instances under pruned_results/, checked but never scored."""
+    if not entry.pruned_runs:
+        return ""
+    rows = "".join(
+        f"<tr><td><code>{_e(r.file)}</code></td><td class=n>{_num(r.minutes)}</td>"
+        f"<td>{'yes' if r.compliant else 'no'}</td></tr>"
+        for r in entry.pruned_runs
+    )
+    return (
+        f"<h3>Pruned runs ({len(entry.pruned_runs)}, not scored)</h3>"
+        f"<table><tr><th>file</th><th>minutes</th><th>compliant</th></tr>{rows}</table>"
+    )
+
+
 def _entry_html(entry: EntryReport, index: int, ruleset: str) -> str:
     title = f"{entry.submitter} / {entry.system} / {entry.scaling} / {entry.benchmark}"
     if entry.scaling == "strong":
@@ -219,7 +252,8 @@ def _entry_html(entry: EntryReport, index: int, ruleset: str) -> str:
     target = convergence_target(ruleset, entry.benchmark)
     return (
         f'<section id="e{index}"><h2>{_e(title)}</h2><p>Division {_e(entry.division)}. {score}</p>'
-        f"<h3>Runs</h3>{_runs_html(entry)}<h3>Convergence</h3>{convergence_svg(entry, target)}"
+        f"{_energy_html(entry)}<h3>Runs</h3>{_runs_html(entry)}{_pruned_html(entry)}"
+        f"<h3>Convergence</h3>{convergence_svg(entry, target)}"
         f"<h3>Reference convergence points</h3>{rcp}<h3>Findings</h3>{_findings_html(entry.findings)}</section>"
     )
 
@@ -232,12 +266,15 @@ def _summary_html(report: CheckReport) -> str:
         rows.append(
             f'<tr><td><a href="#e{i}">{_e(e.submitter)}</a></td><td>{_e(e.system)}</td><td>{e.scaling}</td>'
             f"<td>{_e(e.benchmark)}</td><td class=n>{_num(e.score_raw_min)}</td><td class=n>{_num(e.score_min)}</td>"
-            f"<td class=n>{_num(e.models_per_min, 4)}</td><td>{_e(e.rcp.verdict if e.rcp else '-')}</td>"
+            f"<td class=n>{_num(e.models_per_min, 4)}</td><td class=n>{len(e.runs)}</td>"
+            f"<td class=n>{len(e.pruned_runs)}</td><td class=n>{_kwh(e.energy_j)}</td>"
+            f"<td>{_e(e.rcp.verdict if e.rcp else '-')}</td>"
             f'<td class="{cls}">{errors} / {len(e.findings) - errors}</td></tr>'
         )
     head = (
         "<tr><th>submitter</th><th>system</th><th>scaling</th><th>benchmark</th><th>raw min</th>"
-        "<th>score min</th><th>models/min</th><th>RCP</th><th>errors / warnings</th></tr>"
+        "<th>score min</th><th>models/min</th><th>runs</th><th>pruned</th><th>energy kWh</th><th>RCP</th>"
+        "<th>errors / warnings</th></tr>"
     )
     return f"<table>{head}{''.join(rows)}</table>"
 

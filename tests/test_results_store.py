@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 import sqlite3
 import subprocess
@@ -258,3 +259,38 @@ def test_compare_our_entry_against_the_published(tmp_path: Path) -> None:
         tmp_path,
     )
     assert done.returncode == 2 and "matches 2 entries" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_energy_and_pruned_runs_reach_the_csv_the_html_and_the_store(tmp_path: Path) -> None:
+    import csv
+    import random
+
+    from mlhpc.submission_checker.export import report_csv
+    from mlhpc.submission_checker.html_report import report_html
+    from tests.test_submission_checker_energy import DEEPCAM, SYSTEM, add_power, make_entry
+
+    org, entry = make_entry(tmp_path, DEEPCAM, SYSTEM, "strong", [f"result_{i}.txt" for i in range(5)])
+    add_power(entry, random.Random(7), nodes=2, switches=1)
+    energy = check_submission(org, ruleset="2.0.0")
+    weak = check_submission(WEAK)
+    expected_j = energy.entries[0].energy_j
+    assert expected_j is not None and expected_j > 0
+
+    row = next(csv.DictReader(io.StringIO(report_csv(energy))))
+    assert float(row["energy_j"]) == expected_j  # full precision, as the scores
+    assert row["models_per_kwh"] == ""  # strong scaling has none
+    rows = {r["system"]: r for r in csv.DictReader(io.StringIO(report_csv(weak)))}
+    fujitsu = rows["fugaku_82944xA64FX_tensorflow_closed"]
+    assert (fujitsu["pruned_runs"], fujitsu["energy_j"]) == ("11", "")
+
+    page = report_html(energy)
+    assert f"Energy to train: <b>{expected_j / 3.6e6:.6g} kWh</b>" in page
+    summary = report_html(weak).split("<section", 1)[0]
+    assert "<th>pruned</th>" in summary and "<td class=n>11</td>" in summary
+    section = next(s for s in report_html(weak).split("<section")[1:] if "fugaku" in s)
+    pruned = section.split("Pruned runs (11, not scored)", 1)[1].split("</table>", 1)[0]
+    assert pruned.count("<tr><td><code>") == 11 and pruned.count("pruned_results/") == 11
+
+    db = tmp_path / "store.sqlite"
+    assert main(["results", "add", str(org), "--db", str(db)]) == 0
+    assert _rows(db, "SELECT energy_j FROM entries") == [(expected_j,)]
