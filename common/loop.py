@@ -30,7 +30,7 @@ from mlhpc.common.registry import Benchmark, DataBundle
 from mlhpc.common.seeding import seed_everything
 from mlhpc.common.timing import Breakdown, PhaseTimer
 
-__all__ = ["LoopConfig", "RunResult", "StagedData", "SubmissionInfo", "train_to_target"]
+__all__ = ["LoopConfig", "RunResult", "StagedData", "SubmissionInfo", "init_events", "train_to_target"]
 
 _MEMORY_FORMATS = {
     "contiguous": torch.contiguous_format,
@@ -102,14 +102,13 @@ def train_to_target(
     log.event(constants.CACHE_CLEAR, value=_clear_page_cache(ctx) if clear_cache else False)
     init_started = time.perf_counter()
     with run_events.init(log), timer.phase("init"):
-        _log_submission(log, bench.name, submission, seed, ctx)
+        for key, value in init_events(bench, cfg, ctx, submission, seed):
+            log.event(key, value)
         seed_everything(seed)
         raw_model = bench.build_model(cfg).to(ctx.device, memory_format=_MEMORY_FORMATS[memory_format])
         if loop.compile:
             raw_model.compile()  # in place: parameter names and DDP's view of them stay as they are
         model = ctx.wrap_model(raw_model)
-        for key, value in bench.hyperparameters(cfg, ctx).items():
-            log.event(key, value)
     staged = None if staging_inside_run else _stage(stage, log, timer)
     with timer.phase("communication"):
         ctx.barrier()
@@ -356,15 +355,22 @@ def resolve_memory_format(loop: LoopConfig, bench: Benchmark, device: torch.devi
     return bench.memory_format if device.type == "cuda" else "contiguous"
 
 
-def _log_submission(log: MLLog, name: str, submission: SubmissionInfo, seed: int, ctx: DistContext) -> None:
-    log.event(constants.SUBMISSION_BENCHMARK, name)
-    log.event(constants.SUBMISSION_ORG, submission.org)
-    log.event(constants.SUBMISSION_DIVISION, submission.division)
-    log.event(constants.SUBMISSION_STATUS, submission.status)
-    log.event(constants.SUBMISSION_PLATFORM, submission.platform)
-    log.event(constants.SEED, seed)
-    log.event("number_of_nodes", ctx.num_nodes)
-    log.event("accelerators_per_node", ctx.local_world_size if ctx.device.type == "cuda" else 0)
+def init_events(
+    bench: Benchmark, cfg: Any, ctx: DistContext, submission: SubmissionInfo, seed: int
+) -> list[tuple[str, Any]]:
+    """The MLLOG events between init_start and init_stop: the submission, the seed, the scale and
+    the benchmark's hyperparameters (what `mlhpc run --dry-run` prints)."""
+    return [
+        (constants.SUBMISSION_BENCHMARK, bench.name),
+        (constants.SUBMISSION_ORG, submission.org),
+        (constants.SUBMISSION_DIVISION, submission.division),
+        (constants.SUBMISSION_STATUS, submission.status),
+        (constants.SUBMISSION_PLATFORM, submission.platform),
+        (constants.SEED, seed),
+        ("number_of_nodes", ctx.num_nodes),
+        ("accelerators_per_node", ctx.local_world_size if ctx.device.type == "cuda" else 0),
+        *bench.hyperparameters(cfg, ctx).items(),
+    ]
 
 
 def _stage(stage: Callable[[], StagedData], log: MLLog, timer: PhaseTimer) -> StagedData:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from mlhpc.common.errors import ConfigError
+
 Precision = Literal["fp32", "bf16", "fp16"]
 MemoryFormat = Literal["auto", "contiguous", "channels_last", "channels_last_3d"]
 
@@ -57,7 +59,7 @@ class LoopConfig:
         """Per-rank micro-batch; the global batch must split evenly over ranks and micro-batches."""
         parts = world_size * self.gradient_accumulation_steps
         if self.global_batch_size % parts:
-            raise ValueError(
+            raise ConfigError(
                 f"loop.global_batch_size={self.global_batch_size} is not divisible by "
                 f"world_size x gradient_accumulation_steps={parts}; pick a multiple of {parts}"
             )

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlhpc import __version__
 from mlhpc.common.errors import ConfigError, MlhpcError
@@ -19,6 +20,9 @@ from mlhpc.slurm_campaign import add_slurm_arguments
 from mlhpc.staging.bench import add_bench_arguments
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.stage import DEFAULT_WORKERS
+
+if TYPE_CHECKING:
+    from mlhpc.runner import RunOptions
 
 RULESETS = ("1.0.0", "2.0.0", "3.0.0")
 
@@ -221,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(a single process launches the ranks itself, one per instance)",
     )
     run.add_argument(
+        "--power",
+        action="store_true",
+        help="sample each node's GPU (NVML) and CPU package (RAPL) power while a run is timed, into "
+        "power/result_<i>/node_<host>.txt beside the result; mlhpc check scores the energy",
+    )
+    run.add_argument(
         "overrides",
         nargs="*",
         metavar="key=value",
@@ -369,24 +379,51 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("seeds", "instances"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} {getattr(args, name)} must be at least 1; pass --{name} 1 or more")
-    if args.slurm or args.dry_run:  # submit and return: the login node needs neither torch nor data
+    if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.slurm_campaign import run_slurm_campaign
 
         if not args.dry_run:
             check_writable_dir(args.out, "--out")
         return run_slurm_campaign(args)
+    if args.dry_run:  # check the config (and --data), print the init events, build nothing
+        from mlhpc.dry_run import dry_run
+
+        return dry_run(_run_options(args), device=args.device)
     # Up front, on every rank: a read-only --out or a MLHPC_LOCAL_DIR that is a file is one line now,
     # not a traceback after the first seed has trained.
     check_writable_dir(args.out, "--out")
     check_writable_dir(resolve_local_dir(args.local_dir), local_dir_name(args.local_dir))
     from mlhpc.common.distributed import init_distributed, shutdown_distributed
     from mlhpc.common.launch import detect_launch
-    from mlhpc.runner import RunOptions, run_campaign
+    from mlhpc.runner import run_campaign
 
     if args.instances > 1 and detect_launch().world_size == 1:
         return _launch_instances(args)
 
-    opts = RunOptions(
+    opts = _run_options(args)
+    ctx = init_distributed(args.backend, args.device)
+    started = time.perf_counter()
+    try:
+        campaign = run_campaign(opts, ctx)
+    finally:
+        shutdown_distributed()
+    if ctx.is_main:
+        if campaign.kept:
+            print(f"\nresumed: kept the finished runs {campaign.kept}")
+        print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
+        for seed, result, _ in campaign.results:
+            print(
+                f"{seed:>10} {result.status:>8} {result.epochs:>6} {result.run_seconds / 60:>8.3f} "
+                f"{result.train_samples_per_s:>10.1f}"
+            )
+        print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
+    return campaign.check_status or 0
+
+
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    from mlhpc.runner import RunOptions
+
+    return RunOptions(
         benchmark=args.benchmark,
         config=args.config,
         overrides=tuple(args.overrides),
@@ -405,24 +442,8 @@ def _run(args: argparse.Namespace) -> int:
         check=not args.no_check,
         resume=args.resume,
         instances=args.instances,
+        power=args.power,
     )
-    ctx = init_distributed(args.backend, args.device)
-    started = time.perf_counter()
-    try:
-        campaign = run_campaign(opts, ctx)
-    finally:
-        shutdown_distributed()
-    if ctx.is_main:
-        if campaign.kept:
-            print(f"\nresumed: kept the finished runs {campaign.kept}")
-        print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
-        for seed, result, _ in campaign.results:
-            print(
-                f"{seed:>10} {result.status:>8} {result.epochs:>6} {result.run_seconds / 60:>8.3f} "
-                f"{result.train_samples_per_s:>10.1f}"
-            )
-        print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
-    return campaign.check_status or 0
 
 
 def _launch_instances(args: argparse.Namespace) -> int:

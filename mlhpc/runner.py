@@ -9,7 +9,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -34,6 +34,7 @@ from mlhpc.common.locks import folder_lock
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
 from mlhpc.generation import generate_dataset
+from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
 from mlhpc.resume import finished_runs, resumed_first_seed
 from mlhpc.staging import CallbackComm, Communicator, resolve_local_dir, stage_dataset
 from mlhpc.staging.comm import mpi_available
@@ -68,6 +69,8 @@ class RunOptions:
     """Keep the campaign's finished runs in `out` and run only the missing or failed ones."""
     instances: int = 1
     """Weak scaling: split the ranks into this many groups, each training its own model at once."""
+    power: bool = False
+    """Sample each node's power while a run is timed into <entry>/power/result_<i>/node_<host>.txt."""
 
 
 @dataclass
@@ -81,9 +84,8 @@ class CampaignResult:
     check_status: int | None = None
 
 
-def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
-    """Strong scaling: the seeds one after another on all ranks. Weak scaling (instances > 1):
-    the ranks split into groups that each train one model at the same time."""
+def check_options(opts: RunOptions) -> None:
+    """The combinations of options the rules or the campaign model refuse, as one ConfigError."""
     if opts.staging == "before" and opts.ruleset in ("1.0.0", "2.0.0"):
         raise ConfigError(
             f"--staging before is not allowed by HPC ruleset {opts.ruleset}: it requires staging "
@@ -92,11 +94,23 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     weak = opts.instances > 1
     if weak and opts.seeds != 1:
         raise ConfigError(f"--instances {opts.instances} trains one model per instance; drop --seeds")
+    if weak and opts.power:
+        raise ConfigError(
+            "--power with --instances: instances sharing a node would each count its whole power; "
+            "measure a strong-scaling campaign, or leave out --power"
+        )
     if weak and opts.resume:
         raise ConfigError(
             "a weak-scaling job is timed as one (earliest run_start to latest run_stop), so it "
             "cannot be resumed; run it again into a new --out"
         )
+
+
+def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
+    """Strong scaling: the seeds one after another on all ranks. Weak scaling (instances > 1):
+    the ranks split into groups that each train one model at the same time."""
+    check_options(opts)
+    weak = opts.instances > 1
     bench = registry.get(opts.benchmark)
     cfg = load_config(bench.config_class, bench.config_path(opts.config), opts.overrides)
     if opts.division is None:
@@ -123,6 +137,7 @@ def _run_locked(
 ) -> CampaignResult:
     """The campaign, while rank 0 holds --out's lock."""
     weak = scaling == "weak"
+    power = node_power(opts.power, ctx.local_rank)  # a node without a source: one line, before any work
     org_dir = Path(opts.out) / opts.submitter
 
     def plan_and_check() -> RunPlan:
@@ -160,6 +175,7 @@ def _run_locked(
         ctx=group,
         comm=staging_comm(group),
         local_root=local_root,
+        power=power,
     )
     if weak:
         instance = group.instance or 0
@@ -195,6 +211,13 @@ class _SeedRunner:
     """The ranks that train one model: the whole job, or one instance's group."""
     comm: Communicator
     local_root: Path
+    power: list[EnergyCounter] | None = None
+    """--power on this node's first rank: the counters sampled while each run is timed."""
+
+    def _power_sampler(self, entry_dir: Path, index: int) -> AbstractContextManager[object]:
+        if self.power is None:
+            return nullcontext()
+        return PowerSampler(self.power, power_log_path(entry_dir, index))
 
     def run(self, index: int, seed: int) -> tuple[int, RunResult, Path | None]:
         ctx, comm = self.ctx, self.comm
@@ -209,17 +232,18 @@ class _SeedRunner:
             with suppress(OSError):
                 if ctx.local_rank == 0:
                     claim_stage_dir(owned, self.opts.out)
-            result = train_to_target(
-                self.bench,
-                self.cfg,
-                ctx,
-                log,
-                seed=seed,
-                submission=self.submission,
-                stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm),
-                staging_inside_run=self.opts.staging == "inside",
-                clear_cache=self.opts.clear_cache,
-            )
+            with self._power_sampler(path.parent, index):
+                result = train_to_target(
+                    self.bench,
+                    self.cfg,
+                    ctx,
+                    log,
+                    seed=seed,
+                    submission=self.submission,
+                    stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm),
+                    staging_inside_run=self.opts.staging == "inside",
+                    clear_cache=self.opts.clear_cache,
+                )
         except BaseException:
             log.discard()
             raise

@@ -100,7 +100,10 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Slurm campaign (one job per seed, then a job running mlhpc check)")
     group.add_argument("--slurm", action="store_true", help="submit the seeds as sbatch jobs and return")
     group.add_argument(
-        "--dry-run", action="store_true", help="with --slurm: print the scripts, submit nothing"
+        "--dry-run",
+        action="store_true",
+        help="check the config (and --data) and print the MLLOG events up to init_stop, build "
+        "nothing; with --slurm: print the scripts, submit nothing",
     )
     group.add_argument("--slurm-nodes", type=int, default=1, help="nodes per seed job (default 1)")
     group.add_argument(
@@ -362,8 +365,6 @@ def _sbatch(executable: str, script: Path, *options: str) -> str:
 
 def run_slurm_campaign(args: argparse.Namespace) -> int:
     """`mlhpc run --slurm`: print the plan (--dry-run) or submit it and print the job ids."""
-    if not args.slurm:
-        raise ConfigError("--dry-run prints the scripts of a Slurm campaign; add --slurm")
     campaign = campaign_from_args(args)
     if args.dry_run:
         print(dry_run_text(campaign), end="")

@@ -75,7 +75,7 @@ def test_unknown_benchmark_lists_known() -> None:
 def test_batch_must_split_over_ranks(cosmo_cfg) -> None:
     cfg = cosmo_cfg("loop.global_batch_size=10")
     assert cfg.loop.local_batch_size(2) == 5
-    with pytest.raises(ValueError, match="not divisible by world_size x gradient_accumulation_steps=4"):
+    with pytest.raises(ConfigError, match="not divisible by world_size x gradient_accumulation_steps=4"):
         cfg.loop.local_batch_size(4)
 
 

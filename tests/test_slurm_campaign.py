@@ -253,7 +253,6 @@ def test_cli_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--dry-run"], "add --slurm"),
         (["--slurm", "--instances", "2"], "drop --instances"),
         (["--slurm", "--slurm-nodes", "0"], "--slurm-nodes 0"),
     ],
