@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.toy_benchmark's run_toy drives the loop as a test does
+sys.path.append(str(REPO))  # for tests.toy_benchmark; an installed mlhpc comes first
 
 from mlhpc.benchmarks.cosmoflow import COSMOFLOW  # noqa: E402
 from mlhpc.common.config import load_config  # noqa: E402
