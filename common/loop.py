@@ -154,13 +154,15 @@ def train_to_target(
                 metrics.append(metric)
                 if not math.isfinite(metric):
                     raise _Abort(f"{bench.target.metric} is {metric} at epoch {epoch}")
-                if bench.target.reached(metric, loop.target):
+                if loop.mode == "target" and bench.target.reached(metric, loop.target):
                     break
             else:
-                raise _Abort(
-                    f"{bench.target.metric} {metrics[-1]:.4f} did not reach the target {loop.target} "
-                    f"in loop.max_epochs={loop.max_epochs}; raise it or check the learning rate"
-                )
+                # fixed_epochs: every epoch trained, and the quality reached is the result.
+                if loop.mode == "target":
+                    raise _Abort(
+                        f"{bench.target.metric} {metrics[-1]:.4f} did not reach the target {loop.target} "
+                        f"in loop.max_epochs={loop.max_epochs}; raise it or check the learning rate"
+                    )
         except _Abort as abort:
             error = str(abort)
         stats = training.stats if training is not None else _TrainStats()

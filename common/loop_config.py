@@ -11,6 +11,7 @@ from typing import Literal
 from mlhpc.common.errors import ConfigError
 
 Precision = Literal["fp32", "bf16", "fp16"]
+Mode = Literal["target", "fixed_epochs"]
 MemoryFormat = Literal["auto", "contiguous", "channels_last", "channels_last_3d"]
 
 
@@ -24,6 +25,10 @@ class LoopConfig:
     """Stop with status aborted if the target is not reached by this epoch."""
     target: float
     """Quality target of the benchmark's metric (e.g. MAE 0.124 for CosmoFlow)."""
+    mode: Mode = "target"
+    """target: stop at the quality target, aborted at max_epochs (MLPerf's time-to-train);
+    fixed_epochs: train exactly max_epochs and score the quality reached (HPC AI500's way, with
+    Valid FLOPS from it); the run succeeds if its metric stays finite."""
     gradient_accumulation_steps: int = 1
     """Micro-batches summed before each optimizer step (DDP all-reduces on the last one only)."""
     precision: Precision = "fp32"

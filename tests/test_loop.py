@@ -84,6 +84,15 @@ def test_max_epochs_aborts_with_a_well_formed_log(ctx: DistContext, tmp_path: Pa
     assert_intervals_closed(events)
 
 
+def test_fixed_epochs_mode_trains_every_epoch_past_the_target(ctx: DistContext, tmp_path: Path) -> None:
+    """HPC AI500's way: a fixed number of epochs, the quality reached is the result."""
+    result = run_toy(make_config(target=10.0, max_epochs=3, mode="fixed_epochs"), ctx, tmp_path / "log.txt")
+    events = mllog_events(tmp_path / "log.txt")
+    assert result.status == "success" and result.epochs == 3  # the target was met at epoch 1
+    assert [e["key"] for e in events].count("eval_error") == 3
+    assert events[-1]["metadata"] == {**events[-1]["metadata"], "status": "success", "epoch_num": 3}
+
+
 def test_non_finite_loss_aborts_naming_epoch_and_step(ctx: DistContext, tmp_path: Path) -> None:
     cfg = make_config(max_epochs=5, data__nan_samples=64)  # every sample: step 0 is the first bad one
     result = run_toy(cfg, ctx, tmp_path / "log.txt")
