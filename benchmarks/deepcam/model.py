@@ -116,8 +116,10 @@ class Xception(nn.Module):
         self.low_level_channels = c128
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        low_level = self.block1(self.stem(x))
-        x = self.exit(self.middle(self.entry(F.relu(low_level))))
+        # The reference applies this ReLU in place, so its decoder's skip input is post-ReLU too
+        # (NVIDIA's submissions keep the skip pre-ReLU; the RCPs were made with the reference).
+        low_level = F.relu(self.block1(self.stem(x)))
+        x = self.exit(self.middle(self.entry(low_level)))
         return x, low_level
 
 
