@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 
 from mlhpc import __version__
 from mlhpc.common.errors import ConfigError, MlhpcError
-from mlhpc.slurm_campaign import add_slurm_arguments
-from mlhpc.staging.bench import add_bench_arguments
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.stage import DEFAULT_WORKERS
 
@@ -58,7 +56,8 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((w for w in words if not w.startswith("-")), None))
     # key=value overrides may come before or after options, so collect the leftovers here.
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -94,7 +93,10 @@ def _error(message: str) -> int:
     return 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `command` (the one about to run), the options of the others
+    that need heavy imports (run's Slurm options, stage-bench's) are left out: `mlhpc stage`
+    starts without importing the Slurm campaign or the benchmark tools."""
     parser = argparse.ArgumentParser(
         prog="mlhpc",
         description="MLPerf-HPC-style time-to-train: generate data, stage it, train to target, check.",
@@ -144,9 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--decompress", action="store_true", help="decompress .gz/.zst files while staging")
     stage.add_argument(
         "--io",
-        choices=("auto", "buffered", "direct"),
+        choices=("auto", "buffered", "direct", "kernel"),
         default="auto",
-        help="auto: page cache when the node's share fits in memory or the source is cached, else O_DIRECT",
+        help="auto: page cache when the node's share fits in memory or the source is cached, else O_DIRECT; "
+        "kernel: the page cache, large files copied in the kernel (copy_file_range)",
     )
     stage.add_argument("--no-direct-io", action="store_true", help="the same as --io buffered")
     stage.add_argument("--durable", action="store_true", help="have the copy on disk before the marker (syncfs)")
@@ -169,7 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         "measure staging throughput against cp, tar and the raw disk (CSV, PNG, markdown)",
         "mlhpc stage-bench --out runs/stage-bench --total-mib 512 --file-kib 64,1024,65536",
     )
-    add_bench_arguments(bench)
+    if command in (None, "stage-bench"):
+        from mlhpc.staging.bench import add_bench_arguments
+
+        add_bench_arguments(bench)
     bench.set_defaults(handler=_stage_bench)
 
     run = _command(
@@ -236,7 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="key=value",
         help="config overrides, e.g. loop.max_epochs=20",
     )
-    add_slurm_arguments(run)
+    if command in (None, "run"):
+        from mlhpc.slurm_campaign import add_slurm_arguments
+
+        add_slurm_arguments(run)
     run.set_defaults(handler=_run)
 
     check = _command(

@@ -5,9 +5,13 @@ pass through one small buffer per thread: read (from the source's page cache, or
 hashed while they are in the CPU's cache, written (into the destination's page cache, where the
 trainer's first epoch finds them). The checksum is of the very bytes written, and it is checked
 against the manifest before the copy gets its name: a file smaller than a slice is verified
-before anything is written at all. Kernel-side copies (`copy_file_range`) would keep the bytes
-out of Python, but then they must be read again to be hashed: one more pass over memory than
-this, for a result that no longer comes from the bytes read.
+before anything is written at all.
+
+`copy_kernel` is the other way, for large files (`--io kernel`): the kernel copies
+(`copy_file_range`, else `sendfile`) and the copy's own pages are hashed through a read-only
+mapping, so no byte passes through a user-space buffer. Measured here it costs more CPU than
+the read-hash-write path (mapping and unmapping the pages costs about what the copy to user
+space does, perf/RESULTS.md), so `auto` does not take it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import mmap
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safepath import landing
@@ -27,8 +32,16 @@ from mlhpc.staging.sink import FILE_MODE_BITS, Staged, checked_dirs, partial_nam
 SLICE_BYTES = 1 << 20
 """One read, hash and write: fits a core's L2 cache with room, so the hash and the write's copy
 read the bytes from cache; a file up to this size is one read and one write."""
+KERNEL_SLICE_BYTES = 8 << 20
+"""One kernel copy, then the hash of its pages (a multiple of the mapping granularity)."""
+KERNEL_COPY_MIN_BYTES = 8 << 20
+"""Smaller files go the read-hash-write path also under `--io kernel`: a mapping per file costs
+more than the one read and write they take."""
 _READ = os.O_RDONLY | os.O_CLOEXEC
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW  # no planted link
+_READ_WRITE = _WRITE & ~os.O_WRONLY | os.O_RDWR  # the kernel copy maps what it wrote, to hash it
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+"""copy_file_range refused (another file system, an old kernel): `sendfile` does it."""
 _LINK_FIX = "remove the link from DEST, or stage into a new folder"
 _local = threading.local()
 
@@ -140,13 +153,108 @@ def copy_buffered(
         os.close(fd)
 
 
-def _create(tmp: str, target: str, mode: int) -> int:
+def copy_kernel(
+    src_root: str,
+    dest_root: str,
+    entry: FileEntry,
+    algorithm: str,
+    umask: int | None,
+    check: Callable[[], None] = lambda: None,
+) -> Staged:
+    """Copy one file in the kernel, hash the copy's pages, verify against `entry`, then rename.
+
+    The hash is of the copy, not of the source: what gets the name is what was checked, also
+    if the source changes under the copy. A file whose size is not its listed one is refused
+    before anything is written; one that shrinks or grows during the copy after it (the copy
+    runs to the source's end). `check` runs before each slice after the first."""
+    source = os.path.join(src_root, entry.path)
+    try:
+        fd = os.open(source, _READ)
+    except OSError as e:
+        raise source_error(e, source) from e
+    out = -1
+    target = tmp = ""
     try:
         try:
-            return os.open(tmp, _WRITE, mode)
+            info = os.fstat(fd)
+        except OSError as e:
+            raise source_error(e, source) from e
+        if info.st_size != entry.size:
+            raise changed(entry.path, info.st_size, entry.size)
+        mode = info.st_mode & FILE_MODE_BITS
+        target = landing(
+            dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root)
+        )
+        tmp = os.path.join(dest_root, partial_name(entry.path))
+        out = _create(tmp, target, mode, _READ_WRITE)
+        hasher = new_hasher(algorithm)
+        copied = 0
+        kernel_copy = True
+        while True:
+            if copied:
+                check()
+            try:
+                if kernel_copy:  # the source at an offset, the copy at its file position
+                    n = os.copy_file_range(fd, out, KERNEL_SLICE_BYTES, copied)
+                else:
+                    n = os.sendfile(out, fd, copied, KERNEL_SLICE_BYTES)
+            except OSError as e:
+                if kernel_copy and e.errno in _NO_KERNEL_COPY:
+                    kernel_copy = False
+                    continue
+                if e.errno == errno.ENOSPC:
+                    raise write_error(e, target) from e
+                raise source_error(e, source) from e
+            if not n:
+                break
+            _hash_pages(out, copied, n, hasher)
+            copied += n
+            if copied > entry.size:
+                break  # the source grew: refused below, without copying the rest
+        if copied != entry.size:
+            raise changed(entry.path, copied, entry.size)
+        checksum = hasher.hexdigest()
+        if entry.checksum and checksum != entry.checksum:
+            raise mismatch(entry, algorithm)
+        try:
+            if umask is None or mode & umask:
+                os.fchmod(out, mode)
+            os.close(out)
+            out = -1
+            os.rename(tmp, target)
+        except OSError as e:
+            raise write_error(e, target) from e
+        return Staged(entry.path, copied, checksum, entry.path, checksum)
+    except BaseException:
+        if out >= 0:
+            os.close(out)
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _hash_pages(fd: int, offset: int, length: int, hasher: Any) -> None:
+    """Hash `length` bytes of `fd` from `offset` through a read-only mapping of its pages."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    pages = mmap.mmap(fd, offset + length - start, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ, offset=start)
+    with pages, memoryview(pages) as view, view[offset - start :] as mine:
+        hasher.update(mine)
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+"""Map the pages at once (they are in the page cache, just written), not a fault each."""
+
+
+def _create(tmp: str, target: str, mode: int, flags: int = _WRITE) -> int:
+    try:
+        try:
+            return os.open(tmp, flags, mode)
         except FileNotFoundError:  # its folder is not there yet (`make_folders` makes them up front)
             os.makedirs(os.path.dirname(tmp), exist_ok=True)
-            return os.open(tmp, _WRITE, mode)
+            return os.open(tmp, flags, mode)
     except OSError as e:
         raise write_error(e, target) from e
 

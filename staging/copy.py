@@ -23,7 +23,7 @@ from typing import Any
 
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safepath import relative_path
-from mlhpc.staging.buffered import copy_buffered, source_error
+from mlhpc.staging.buffered import KERNEL_COPY_MIN_BYTES, copy_buffered, copy_kernel, source_error
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
 from mlhpc.staging.plan import CopyOp
 from mlhpc.staging.sink import (
@@ -69,6 +69,8 @@ class CopyJob:
     """Block reads in flight per large file (see `read_ahead_depth`)."""
     direct_reads: bool = True
     """Read large files with O_DIRECT where the source allows it (else through the page cache)."""
+    kernel_copy: bool = False
+    """On the buffered path, copy files of `KERNEL_COPY_MIN_BYTES` or more in the kernel."""
 
     @property
     def buffered(self) -> bool:
@@ -161,9 +163,8 @@ def copy_one(job: CopyJob, entry: FileEntry) -> Staged:
     """Copy one file by the job's path: buffered (lean), or through `copy_file`; not journaled."""
     if job.buffered:
         o = job.options
-        return copy_buffered(
-            job.src_root, job.dest_root, entry, o.algorithm, o.umask, lambda: _check_stopping(job)
-        )
+        copy = copy_kernel if job.kernel_copy and entry.size >= KERNEL_COPY_MIN_BYTES else copy_buffered
+        return copy(job.src_root, job.dest_root, entry, o.algorithm, o.umask, lambda: _check_stopping(job))
     return copy_file(job, entry, record=False)
 
 

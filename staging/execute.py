@@ -36,6 +36,8 @@ class Settings:
     mode: Mode
     options: SinkOptions
     direct_reads: bool
+    kernel_copy: bool = False
+    """Large files copied in the kernel (`--io kernel`)."""
     source_cached: bool = False
     """The source is in the page cache: copies wait on the CPU, not the disk, so threads
     beyond the CPUs only queue for them."""
@@ -79,7 +81,14 @@ def stage_directory(
         return _exchange_directory(comm, src, dest, files, have, settings) if topo.in_exchange else Work()
     ops = plan_copies(files, have)
     workers = settings.workers
-    job = CopyJob(str(src), str(dest), settings.options, threads=workers, direct_reads=settings.direct_reads)
+    job = CopyJob(
+        str(src),
+        str(dest),
+        settings.options,
+        threads=workers,
+        direct_reads=settings.direct_reads,
+        kernel_copy=settings.kernel_copy,
+    )
     if settings.source_cached and job.buffered:
         workers = min(workers, os.cpu_count() or 1)
     automatic = 1 if job.buffered else auto_processes(len(ops), topo)

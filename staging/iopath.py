@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mlhpc.common.errors import StagingError
 
-IO_CHOICES = ("auto", "buffered", "direct")
+IO_CHOICES = ("auto", "buffered", "direct", "kernel")
 FIT_FRACTION = 0.5
 """A node's share "fits" when it is at most this fraction of the memory it may use: the copy,
 the trainer and the source's pages all want room in the page cache."""
@@ -39,6 +39,9 @@ class IoPlan:
     reason: str
     cached: float = 0.0
     """The fraction of the sampled source bytes found in the page cache."""
+    kernel_copy: bool = False
+    """Buffered, with large files copied in the kernel and hashed from the copy's pages
+    (`buffered.copy_kernel`); only when forced (`--io kernel`)."""
 
     @property
     def source_cached(self) -> bool:
@@ -46,6 +49,8 @@ class IoPlan:
 
     @property
     def label(self) -> str:
+        if self.kernel_copy:
+            return "buffered, kernel copy"
         if self.direct_reads == self.direct_writes:
             return "direct" if self.direct_reads else "buffered"
         return "direct reads, buffered writes" if self.direct_reads else "buffered reads, direct writes"
@@ -66,8 +71,8 @@ def decide(io: str, share_bytes: int, available_bytes: int | None, cached: float
     mib = 1 << 20
     room = "unknown" if available_bytes is None else f"{available_bytes // mib} MiB"
     facts = f"share {share_bytes // mib} MiB, memory available {room}, source {cached:.0%} cached"
-    if io == "buffered":
-        return IoPlan(False, False, f"--io buffered ({facts})", cached)
+    if io in ("buffered", "kernel"):
+        return IoPlan(False, False, f"--io {io} ({facts})", cached, kernel_copy=io == "kernel")
     if io == "direct":
         refused = "" if direct_ok else "; DEST takes no O_DIRECT"
         return IoPlan(True, direct_ok, f"--io direct ({facts}){refused}", cached)

@@ -149,6 +149,7 @@ def stage_dataset(
             mode=mode,
             options=SinkOptions(manifest.algorithm, plan.direct_writes, decompress, umask=current_umask()),
             direct_reads=plan.direct_reads,
+            kernel_copy=plan.kernel_copy,
             source_cached=plan.source_cached,
             workers=workers,
             processes=processes,

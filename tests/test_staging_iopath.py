@@ -44,7 +44,7 @@ def test_auto_goes_around_the_page_cache_when_the_share_does_not_fit() -> None:
 def test_io_can_be_forced_and_an_unknown_choice_is_refused() -> None:
     assert decide("buffered", 10_000 * MIB, 1000 * MIB, 0.0, True).label == "buffered"
     assert decide("direct", 1 * MIB, 1000 * MIB, 1.0, True).label == "direct"
-    with pytest.raises(StagingError, match="io='fast' is unknown; use one of auto, buffered, direct"):
+    with pytest.raises(StagingError, match="io='fast' is unknown; use one of auto, buffered, direct, kernel"):
         decide("fast", 1, 1, 0.0, True)
 
 
