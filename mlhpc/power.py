@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from mlhpc.common import safe_read
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.fileio import current_umask
 
 POWERCAP_ROOT = Path("/sys/class/powercap")
 POWERCAP_ENV = "MLHPC_POWERCAP_ROOT"
@@ -147,6 +148,7 @@ class PowerSampler:
     def __enter__(self) -> PowerSampler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.fchmod(fd, 0o666 & ~current_umask())  # as any file the user makes, not mkstemp's 0600
         self._tmp, self._handle = Path(name), os.fdopen(fd, "w")
         self._last, self._last_s = self._read(), self.clock()
         self._write("power_measurement_start", "INTERVAL_START", self._last_s, None)
