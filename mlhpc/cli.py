@@ -214,6 +214,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         default="inside",
         help="stage inside run_start..run_stop (default, counts in the score) or before it",
     )
+    run.add_argument(
+        "--io",
+        choices=("auto", "buffered", "direct", "kernel"),
+        default="auto",
+        help="the staging copy's I/O path (see mlhpc stage --help)",
+    )
+    run.add_argument("--durable", action="store_true", help="have the staged copy on disk before training")
     run.add_argument("--backend", choices=("auto", "gloo", "nccl", "horovod"), default="auto")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     run.add_argument("--clear-cache", action="store_true", help="drop the page cache before each run (root)")
@@ -447,6 +454,8 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         status=args.status,
         ruleset=args.ruleset,
         staging=args.staging,
+        staging_io=args.io,
+        durable=args.durable,
         clear_cache=args.clear_cache,
         check=not args.no_check,
         resume=args.resume,

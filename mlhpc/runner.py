@@ -63,6 +63,10 @@ class RunOptions:
     status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
     ruleset: str = "3.0.0"
     staging: Literal["inside", "before"] = "inside"
+    staging_io: Literal["auto", "buffered", "direct", "kernel"] = "auto"
+    """The staging copy's I/O path (`mlhpc stage --io`)."""
+    durable: bool = False
+    """Have the staged copy on disk before staging ends (`mlhpc stage --durable`)."""
     clear_cache: bool = False
     check: bool = True
     resume: bool = False
@@ -240,7 +244,7 @@ class _SeedRunner:
                     log,
                     seed=seed,
                     submission=self.submission,
-                    stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm),
+                    stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm, self.opts),
                     staging_inside_run=self.opts.staging == "inside",
                     clear_cache=self.opts.clear_cache,
                 )
@@ -399,7 +403,17 @@ def staging_comm(ctx: DistContext) -> Communicator:
     return TorchComm()
 
 
-def _stage(data_dir: Path, stage_dir: Path, ctx: DistContext, comm: Communicator) -> StagedData:
+def _stage(
+    data_dir: Path, stage_dir: Path, ctx: DistContext, comm: Communicator, opts: RunOptions
+) -> StagedData:
     """Every node gets the whole dataset (the loaders read all of it), the source read once."""
-    report = stage_dataset(data_dir, stage_dir, comm=comm, mode="replicate", progress=ctx.is_main)
+    report = stage_dataset(
+        data_dir,
+        stage_dir,
+        comm=comm,
+        mode="replicate",
+        progress=ctx.is_main,
+        io=opts.staging_io,
+        durable=opts.durable,
+    )
     return StagedData(path=stage_dir, metadata=report.metadata())
