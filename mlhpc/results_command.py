@@ -181,7 +181,11 @@ def _plot(entry: dict[str, Any], others: Sequence[dict[str, Any]]) -> Any:
         ax.grid(alpha=0.3)
         if column == "staging_share":
             ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
-    axes[0].legend(fontsize=8)
+    shown: dict[str, Any] = {}  # each round once, from whichever panel has it
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            shown.setdefault(label, handle)
+    axes[-1].legend(list(shown.values()), list(shown), fontsize=8)
     fig.suptitle(f"{entry['benchmark']}: {entry_name(entry)} against the published entries")
     return fig
 
