@@ -14,7 +14,9 @@ import pytest
 
 from mlhpc.common.errors import ConfigError
 from mlhpc.power import PowerSampler, node_counters, power_log_path, rapl_counters
+from mlhpc.submission_checker import check_submission
 from mlhpc.submission_checker.energy import node_energy_j, read_power_log
+from tests.conftest import mlhpc_cli
 
 
 def _zone(root: Path, name: str, energy_uj: int | str | None, wrap_uj: int | None = None) -> Path:
@@ -144,3 +146,54 @@ def test_a_counter_that_goes_away_ends_in_no_log_not_a_wrong_one(
         time.sleep(0.3)
     assert not path.exists() and list(tmp_path.glob(".node_b.txt*")) == []
     assert "power sampling stopped" in caplog.text
+
+
+@pytest.mark.slow
+def test_mlhpc_run_power_then_check_reports_the_energy(tmp_path: Path) -> None:
+    """Three cosmoflow mini seeds with --power on a fake 95 W package: the check scores the energy."""
+    zone = _zone(tmp_path / "powercap", "intel-rapl:0", 0)
+    done = threading.Event()
+    started = time.time()
+
+    def kernel() -> None:
+        while not done.wait(0.01):
+            _set(zone, int(95e6 * (time.time() - started)))
+
+    writer = threading.Thread(target=kernel)
+    writer.start()
+    try:
+        run = mlhpc_cli(
+            [
+                "run",
+                "cosmoflow",
+                "--config",
+                "mini",
+                "--seeds",
+                "3",
+                "--out",
+                "runs",
+                "--power",
+                "--no-check",
+            ],
+            tmp_path,
+            MLHPC_POWERCAP_ROOT=str(tmp_path / "powercap"),
+        )
+    finally:
+        done.set()
+        writer.join()
+    assert run.returncode == 0, run.stderr[-2000:]
+    entry = next((tmp_path / "runs" / "mlhpc" / "results").glob("*/strong/cosmoflow"))
+    logs = sorted(entry.glob("power/result_*/node_*.txt"))
+    assert [p.parent.name for p in logs] == ["result_0", "result_1", "result_2"]
+    report = check_submission(tmp_path / "runs" / "mlhpc", ruleset="3.0.0")
+    (scored,) = report.entries
+    middle = sorted(scored.runs, key=lambda r: r.minutes or 0.0)[1]  # the olympic mean of three
+    assert scored.energy_j == pytest.approx(95.0 * (middle.minutes or 0.0) * 60, rel=0.25)
+    assert not [f for f in scored.findings if f.rule == "energy"]
+
+
+def test_power_refused_for_instances_sharing_nodes() -> None:
+    from mlhpc.runner import RunOptions, check_options
+
+    with pytest.raises(ConfigError, match="--power with --instances"):
+        check_options(RunOptions(benchmark="cosmoflow", out=Path("x"), instances=2, power=True))
