@@ -60,7 +60,8 @@ def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, c
         try:
             report = check_submission(folder, jobs=jobs)
         except SubmissionError as e:
-            raise MlhpcError(f"{e}; pass a submission (an organisation's folder or a round's)") from e
+            fix = "" if "; pass " in str(e) else "; pass a submission (an organisation's folder or a round's)"
+            raise MlhpcError(f"{e}{fix}") from e
         kind = origin_of(Path(report.root), origin)
         reports.append((report, kind))
         console.print(Text(f"{report.root}: {len(report.entries)} entries, ruleset {report.ruleset}, {kind}"))
