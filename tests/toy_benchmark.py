@@ -149,10 +149,12 @@ def run_toy(
     seed: int = 1,
     staging_inside_run: bool = True,
     bench: Benchmark = TOY,
+    data_dir: Path | None = None,
 ) -> Any:
-    """train_to_target on the toy; the MLLOG file at `log_path` (rank 0), or no log when None."""
+    """train_to_target on the toy (or `bench`, reading `data_dir` where it is: staging is a no-op);
+    the MLLOG file at `log_path` (rank 0), or no log when None."""
     log = MLLog(log_path, enabled=ctx.is_main and log_path is not None, echo=False)
-    staging_dir = Path(log_path).parent if log_path is not None else Path(".")
+    staging_dir = data_dir or (Path(log_path).parent if log_path is not None else Path("."))
     try:
         result = train_to_target(
             bench,
