@@ -84,6 +84,29 @@ def read_ahead_depth(workers: int, files: int) -> int:
     return max(1, min(MAX_READ_AHEAD, workers // max(1, min(files, workers))))
 
 
+BUFFER_SHARE = 0.5
+"""The direct path's buffers take at most this share of the memory the node may use."""
+
+
+def fit_in_memory(workers: int, sizes: Sequence[int], memory_bytes: int | None) -> tuple[int, int]:
+    """(threads, reads in flight per large file) for the direct path, so that their buffers take
+    at most `BUFFER_SHARE` of `memory_bytes` (None: unknown, not cut). A thread copying a large
+    file holds its reads' blocks, the sink's and a spare, each `BUFFER_BYTES`; one copying small
+    files, one buffer of the largest. Reads in flight give way first, then threads: in a 256 MiB
+    memory cgroup, 32 threads' 16 MiB buffers (4 in flight a file) got the process killed."""
+    depth = read_ahead_depth(workers, len(sizes))
+    if memory_bytes is None or not sizes:
+        return workers, depth
+    budget = int(memory_bytes * BUFFER_SHARE)
+    largest = max(sizes)
+    if largest < BUFFER_BYTES:
+        return max(1, min(workers, budget // (largest + 1 + mmap.PAGESIZE))), depth
+    wanted = min(workers, len(sizes))
+    while depth > 1 and budget // ((depth + 2) * BUFFER_BYTES) < wanted:
+        depth -= 1
+    return max(1, min(workers, budget // ((depth + 2) * BUFFER_BYTES))), depth
+
+
 def copy_file(job: CopyJob, entry: FileEntry, record: bool = True) -> Staged:
     """Copy one file: read it into an aligned buffer, hash it there, write it under a temporary name.
 

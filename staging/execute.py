@@ -13,7 +13,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
 from mlhpc.staging.buffered import make_folders
 from mlhpc.staging.comm import Communicator
-from mlhpc.staging.copy import CopyJob, already_staged, journal, read_ahead_depth, run_copies
+from mlhpc.staging.copy import CopyJob, already_staged, fit_in_memory, journal, read_ahead_depth, run_copies
 from mlhpc.staging.exchange import (
     FileStreamReader,
     FileStreamsConsumer,
@@ -38,6 +38,8 @@ class Settings:
     direct_reads: bool
     kernel_copy: bool = False
     """Large files copied in the kernel (`--io kernel`)."""
+    memory_bytes: int | None = None
+    """The memory this node may use (None: unknown): the direct path's buffers fit in it."""
     source_cached: bool = False
     """The source is in the page cache: copies wait on the CPU, not the disk, so threads
     beyond the CPUs only queue for them."""
@@ -93,7 +95,11 @@ def stage_directory(
         workers = min(workers, os.cpu_count() or 1)
     automatic = 1 if job.buffered else auto_processes(len(ops), topo)
     processes = max(1, min(settings.processes or automatic, workers))
-    job = replace(job, threads=-(-workers // processes), read_ahead=read_ahead_depth(workers, len(ops)))
+    depth = read_ahead_depth(workers, len(ops))
+    if not job.buffered:
+        workers, depth = fit_in_memory(workers, [op.entry.size for op in ops], settings.memory_bytes)
+        processes = min(processes, workers)
+    job = replace(job, threads=-(-workers // processes), read_ahead=depth)
     make_folders(str(dest), [staged_path(op.entry.path, settings.options) for op in ops])
     with StageProgress(
         settings.progress, len(ops), sum(op.entry.size for op in ops), f"staging {src.name}"

@@ -39,6 +39,8 @@ class IoPlan:
     reason: str
     cached: float = 0.0
     """The fraction of the sampled source bytes found in the page cache."""
+    available_bytes: int | None = None
+    """The memory this node may use (None: unknown); the direct path sizes its buffers by it."""
     kernel_copy: bool = False
     """Buffered, with large files copied in the kernel and hashed from the copy's pages
     (`buffered.copy_kernel`); only when forced (`--io kernel`)."""
@@ -72,15 +74,17 @@ def decide(io: str, share_bytes: int, available_bytes: int | None, cached: float
     room = "unknown" if available_bytes is None else f"{available_bytes // mib} MiB"
     facts = f"share {share_bytes // mib} MiB, memory available {room}, source {cached:.0%} cached"
     if io in ("buffered", "kernel"):
-        return IoPlan(False, False, f"--io {io} ({facts})", cached, kernel_copy=io == "kernel")
+        return IoPlan(False, False, f"--io {io} ({facts})", cached, available_bytes, io == "kernel")
     if io == "direct":
         refused = "" if direct_ok else "; DEST takes no O_DIRECT"
-        return IoPlan(True, direct_ok, f"--io direct ({facts}){refused}", cached)
+        return IoPlan(True, direct_ok, f"--io direct ({facts}){refused}", cached, available_bytes)
     fits = available_bytes is not None and share_bytes <= FIT_FRACTION * available_bytes
     if fits or cached >= CACHED_FRACTION:
         why = "share fits in memory" if fits else "source already in page cache"
-        return IoPlan(False, False, f"auto: {why} ({facts})", cached)
-    return IoPlan(True, direct_ok, f"auto: share larger than memory allows ({facts})", cached)
+        return IoPlan(False, False, f"auto: {why} ({facts})", cached, available_bytes)
+    return IoPlan(
+        True, direct_ok, f"auto: share larger than memory allows ({facts})", cached, available_bytes
+    )
 
 
 def available_memory() -> int | None:

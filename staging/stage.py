@@ -150,6 +150,7 @@ def stage_dataset(
             options=SinkOptions(manifest.algorithm, plan.direct_writes, decompress, umask=current_umask()),
             direct_reads=plan.direct_reads,
             kernel_copy=plan.kernel_copy,
+            memory_bytes=plan.available_bytes,
             source_cached=plan.source_cached,
             workers=workers,
             processes=processes,
