@@ -43,22 +43,12 @@ from mlhpc.staging.stage import stage_dataset
 CASES = ("small-warm", "small-cold", "large-warm", "large-cold", "small-ranks", "large-ranks")
 
 
-def read_all(root: Path) -> None:
-    """Read every file under `root` once, as a first epoch does."""
-    buffer = bytearray(1 << 20)
-    for folder, _, names in os.walk(root):
-        for name in names:
-            with open(os.path.join(folder, name), "rb", buffering=0) as handle:
-                while handle.readinto(buffer):
-                    pass
-
-
 def prepare(src: Path, cold: bool) -> None:
     os.sync()
     if cold:
         tools.drop_caches()
     else:
-        read_all(src)
+        tools.read_all(src)
     time.sleep(tools.SETTLE_S)
 
 
@@ -77,20 +67,24 @@ class Case:
         self.cpu: dict[str, list[float]] = {}
 
     def measure(self, name: str, src: Path, dest: Path, cold: bool, copy: Callable[[], object]) -> None:
-        """`copy` may return its own seconds (ranks timed inside their launch), else it is timed."""
+        """`copy` may return its own seconds (ranks timed inside their launch), else it is timed
+        (`tools.user_clock`, as `mlhpc stage-bench` times)."""
         prepare(src, cold)
-        cpu, started = cpu_seconds(), time.perf_counter()
-        own = copy()
-        copied = time.perf_counter()
-        if isinstance(own, float):
-            started = copied - own
-        self.cpu.setdefault(name, []).append(cpu_seconds() - cpu)
-        read_all(dest)
-        read = time.perf_counter()
-        os.sync()
-        self.copy.setdefault(name, []).append(copied - started)
-        self.read.setdefault(name, []).append(read - started)
-        self.sync.setdefault(name, []).append(time.perf_counter() - read + copied - started)
+        cpu = 0.0
+
+        def counted() -> object:
+            nonlocal cpu
+            before = cpu_seconds()
+            own = copy()
+            cpu = cpu_seconds() - before
+            return own
+
+        timing = tools.user_clock(counted, dest)
+        assert timing.read_once_s is not None and timing.extra_with_sync_s is not None  # user_clock times all
+        self.cpu.setdefault(name, []).append(cpu)
+        self.copy.setdefault(name, []).append(timing.wall_s)
+        self.read.setdefault(name, []).append(timing.read_once_s)
+        self.sync.setdefault(name, []).append(timing.extra_with_sync_s)
 
     def ratio(self, table: dict[str, list[float]], base: str, mine: str) -> str:
         ratios = [b / m for b, m in zip(table[base], table[mine], strict=True)]
@@ -185,8 +179,8 @@ def two_ranks(case: str, src: Path, work: Path, rounds: int, files: int, ranks: 
                         raise RuntimeError("cp -r failed")
                     return None
                 row = {"src": str(src), "dest": str(dest), "mode": name, "workers": 32}
-                row |= {"cold": False, "sync": False, "keep": True}
-                return float(tools.run_plan_in_ranks([row], ranks, work)[0]["seconds"])
+                row |= {"cold": False, "read": False, "sync": False, "keep": True}  # read and synced here
+                return float(tools.run_plan_in_ranks([row], ranks, work)[0]["wall_s"])
 
             result.measure(name, src, dest, False, copy)
     result.report(f"{case}, {ranks} ranks, warm ({files} files)", files, ["cp -r x2"], ["replicate", "shard"])

@@ -1,7 +1,9 @@
 """The measurements behind the staging study: datasets, baselines, and timed staging runs.
 
-Every timing starts from a cold page cache when run as root, and ends when the data is on
-disk (`sync`), for the baselines and for `mlhpc stage` alike.
+Every timing starts from a cold page cache when run as root. Copies are timed on the user's
+clock (`Timing`: the wall time without `sync`, then until every staged file has been read once,
+and a sync-inclusive figure only as a labelled extra), for the baselines and `mlhpc stage` alike;
+the raw disk measures use O_DIRECT and end when their writes are on disk.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,30 +69,88 @@ the host within ~2 s, and a copy that allocates page cache right after a drop ge
 one started later pays a host fault for each: the pause gives every method the same start."""
 
 
-def timed(action: Callable[[], object], cold: bool = True) -> float:
-    """Seconds for `action` plus the `sync` that puts its writes on disk."""
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """One copy on the user's clock, with the sync-inclusive time as a labelled extra."""
+
+    wall_s: float
+    """The command's wall time, as the user waits for it (no `sync`)."""
+    read_once_s: float | None = None
+    """`wall_s` plus reading every staged file once, as a first epoch does; None for the raw disk
+    measures, which stage nothing."""
+    extra_with_sync_s: float | None = None
+    """Extra, not the user's clock: `wall_s` plus a `sync` until the copy is on disk (timed after
+    the read); None for the raw disk measures."""
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Timing:
+        """The timing a `run_plan` result row carries."""
+        return cls(**{name: row.get(name) for name in TIMING_FIELDS})
+
+
+TIMING_FIELDS = ("wall_s", "read_once_s", "extra_with_sync_s")
+
+
+def read_all(root: Path) -> None:
+    """Read every file under `root` once, as a first epoch does."""
+    buffer = bytearray(1 << 20)
+    for folder, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(folder, name), "rb", buffering=0) as handle:
+                while handle.readinto(buffer):
+                    pass
+
+
+def user_clock(copy: Callable[[], object], dest: Path) -> Timing:
+    """Time `copy` as the user waits for it, then read `dest` once, then `sync` (the extra).
+
+    `copy` may return its own seconds (ranks timed inside their launch), else it is timed here.
+    """
+    started = time.perf_counter()
+    own = copy()
+    copied = time.perf_counter()
+    if isinstance(own, float):
+        started = copied - own
+    read_all(dest)
+    read = time.perf_counter()
+    os.sync()
+    return Timing(
+        wall_s=copied - started,
+        read_once_s=read - started,
+        extra_with_sync_s=copied - started + time.perf_counter() - read,
+    )
+
+
+def _settle(cold: bool) -> None:
     if cold and drop_caches():
         time.sleep(SETTLE_S)
+
+
+def timed(action: Callable[[], object], cold: bool = True) -> float:
+    """Seconds for `action` plus a `sync`: the raw disk measures, whose writes are O_DIRECT and
+    fsynced, so that the sync finds nothing left of theirs to write."""
+    _settle(cold)
     started = time.perf_counter()
     action()
     os.sync()
     return time.perf_counter() - started
 
 
-def _copy_seconds(copy: Callable[[], object], dest: Path, cold: bool) -> float:
-    """`timed(copy)` into a `dest` that does not exist before and is removed after."""
+def _copy_timing(copy: Callable[[], object], dest: Path, cold: bool) -> Timing:
+    """`user_clock(copy)` into a `dest` that does not exist before and is removed after."""
     shutil.rmtree(dest, ignore_errors=True)
     try:
-        return timed(copy, cold)
+        _settle(cold)
+        return user_clock(copy, dest)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
 
-def cp_seconds(src: Path, dest: Path, cold: bool = True) -> float:
-    return _copy_seconds(lambda: subprocess.run(["cp", "-r", str(src), str(dest)], check=True), dest, cold)
+def cp_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
+    return _copy_timing(lambda: subprocess.run(["cp", "-r", str(src), str(dest)], check=True), dest, cold)
 
 
-def tar_seconds(src: Path, dest: Path, cold: bool = True) -> float:
+def tar_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
     """`tar -C src -cf - . | tar -C dest -xf -`: the classic streaming copy."""
 
     def pipe() -> None:
@@ -99,7 +160,7 @@ def tar_seconds(src: Path, dest: Path, cold: bool = True) -> float:
         if writer.wait() != 0:
             raise StagingError(f"tar could not read {src}")
 
-    return _copy_seconds(pipe, dest, cold)
+    return _copy_timing(pipe, dest, cold)
 
 
 DD_STREAMS = 32
@@ -130,14 +191,14 @@ def _direct_reads_allowed(path: Path) -> bool:
     return True
 
 
-def dd_seconds(src: Path, dest: Path, cold: bool = True) -> float:
-    return _copy_seconds(lambda: parallel_dd(src, dest), dest, cold)
+def dd_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
+    return _copy_timing(lambda: parallel_dd(src, dest), dest, cold)
 
 
 RAW_STREAMS = 4
 RAW_DEPTHS = (RAW_STREAMS, 32)
 """Requests in flight tried by the raw baselines, which keep the faster over the rounds
-(`seconds_by_round`). A single synchronous
+(`timings_by_round`). A single synchronous
 stream leaves a virtual or parallel disk idle between requests, and which depth a disk likes
 best differs (here 32 on 64 KiB files, 4 on 1 MiB ones); 32 is what `mlhpc stage` keeps in
 flight by default, so no copy can win by keeping a deeper queue than its baseline."""
@@ -274,50 +335,53 @@ def raw_copy_seconds(src: Path, write_dir: Path, cold: bool = True, streams: int
 BASELINES = ("raw-write", "cp", "tar", "raw-read", "copy-limit")
 
 
-def seconds_by_round(
+def timings_by_round(
     src: Path,
     size: int,
     local_dir: Path,
     repeats: int,
     cold: bool = True,
     methods: Sequence[str] = BASELINES,
-) -> dict[str, list[float]]:
-    """Seconds of each method in each of `repeats` rounds; the methods take turns within a round,
-    so that all of them see the same state of a noisy disk (compare them round by round).
+) -> dict[str, list[Timing]]:
+    """The timing of each method in each of `repeats` rounds; the methods take turns within a
+    round, so that all of them see the same state of a noisy disk (compare them round by round).
 
     `cp`, `tar`, `dd` (`parallel_dd`) and `mlhpc` (one rank, `stage_dataset`) copy `src` into
-    `local_dir`; `raw-read` reads `src`'s files with no software between them and the disk,
+    `local_dir`, each on the user's clock (`user_clock`); `raw-read` reads `src`'s files with no software between them and the disk,
     `raw-write` writes `size` bytes to `local_dir`'s disk, and `copy-limit` does both at once.
     Raw writes come first in a round and raw reads after the copies: right after a large write
     the disk is still flushing it.
 
     The raw measures run at each of `RAW_DEPTHS` in every round and keep the depth with the lower
     median over the rounds, the disk's preferred depth. Not the faster run of each round: the
-    faster of two noisy runs beats either on average, and would flatter the baselines.
+    faster of two noisy runs beats either on average, and would flatter the baselines. Their
+    timings carry only `wall_s` (their own seconds, writes on disk): they stage nothing to read.
     """
     local_raw, dest = local_dir / "raw-write", local_dir / "dest"
-    measures: dict[str, Callable[[int], float]] = {  # in the order they run within a round
+    measures: dict[str, Callable[[int], Timing | float]] = {  # in the order they run within a round
         "raw-write": lambda depth: raw_write_seconds(local_raw, size, depth),
-        "cp": lambda _: cp_seconds(src, dest, cold),
-        "tar": lambda _: tar_seconds(src, dest, cold),
-        "dd": lambda _: dd_seconds(src, dest, cold),
-        "mlhpc": lambda _: stage_seconds(src, dest, cold),
+        "cp": lambda _: cp_timing(src, dest, cold),
+        "tar": lambda _: tar_timing(src, dest, cold),
+        "dd": lambda _: dd_timing(src, dest, cold),
+        "mlhpc": lambda _: stage_timing(src, dest, cold),
         "raw-read": lambda depth: raw_read_seconds(src, cold, depth),
         "copy-limit": lambda depth: raw_copy_seconds(src, local_raw, cold, depth),
     }
     unknown = set(methods) - measures.keys()
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}")
-    runs: dict[tuple[str, int], list[float]] = {
+    runs: dict[tuple[str, int], list[Timing]] = {
         (name, depth): [] for name in methods for depth in _depths(name)
     }
     for _ in range(repeats):
         for name, measure in measures.items():
             if name in methods:
                 for depth in _depths(name):
-                    runs[name, depth].append(measure(depth))
+                    got = measure(depth)
+                    runs[name, depth].append(got if isinstance(got, Timing) else Timing(wall_s=got))
     return {
-        name: min((runs[name, depth] for depth in _depths(name)), key=statistics.median) for name in methods
+        name: min((runs[name, depth] for depth in _depths(name)), key=lambda t: median_timing(t).wall_s)
+        for name in methods
     }
 
 
@@ -326,13 +390,26 @@ def _depths(method: str) -> tuple[int, ...]:
     return RAW_DEPTHS if method.startswith("raw-") or method == "copy-limit" else (0,)
 
 
-def medians(times: dict[str, list[float]]) -> dict[str, float]:
-    return {name: statistics.median(values) for name, values in times.items()}
+def median_timing(timings: Sequence[Timing]) -> Timing:
+    """Each figure's median over `timings` (a figure missing from any of them stays None)."""
+
+    def median(values: list[float | None]) -> float | None:
+        return None if None in values else statistics.median(v for v in values if v is not None)
+
+    return Timing(
+        wall_s=statistics.median(t.wall_s for t in timings),
+        read_once_s=median([t.read_once_s for t in timings]),
+        extra_with_sync_s=median([t.extra_with_sync_s for t in timings]),
+    )
 
 
-def stage_seconds(src: Path, dest: Path, cold: bool = True) -> float:
-    """One rank's `stage_dataset` with its defaults, like `cp_seconds`."""
-    return _copy_seconds(lambda: stage_dataset(src, dest), dest, cold)
+def medians(times: dict[str, list[Timing]]) -> dict[str, Timing]:
+    return {name: median_timing(values) for name, values in times.items()}
+
+
+def stage_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
+    """One rank's `stage_dataset` with its defaults, like `cp_timing`."""
+    return _copy_timing(lambda: stage_dataset(src, dest), dest, cold)
 
 
 def memory_cgroup(name: str, limit_bytes: int) -> Path | None:
@@ -376,7 +453,10 @@ def remove_cgroup(group: Path) -> None:
 def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Timed `stage_dataset` runs, one per plan row, on every rank together; rank 0's results.
 
-    Each rank stages into `<dest>/node<N>`, standing in for one node's local disk.
+    Each rank stages into `<dest>/node<N>`, standing in for one node's local disk. A result holds
+    the row's `Timing` fields: `wall_s` from the first barrier to the one after staging; unless the
+    row says `"read": false`, `read_once_s` until every rank has read its node's copy once; unless
+    it says `"sync": false`, `extra_with_sync_s`, `wall_s` plus rank 0's `sync` (after the read).
     """
     results = []
     for row in plan:
@@ -396,11 +476,20 @@ def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[st
             processes=row.get("processes"),
         )
         comm.barrier()
-        if comm.rank == 0 and row.get("sync", True):
-            os.sync()
-        comm.barrier()
-        seconds = time.perf_counter() - started
-        results.append({**row, "seconds": seconds, "job_read_bytes": report.job_read_bytes})
+        wall = time.perf_counter() - started
+        read_once = with_sync = None
+        if row.get("read", True):
+            read_all(dest)
+            comm.barrier()
+            read_once = time.perf_counter() - started
+        if row.get("sync", True):
+            syncing = time.perf_counter()
+            if comm.rank == 0:
+                os.sync()
+            comm.barrier()
+            with_sync = wall + time.perf_counter() - syncing
+        timing = Timing(wall_s=wall, read_once_s=read_once, extra_with_sync_s=with_sync)
+        results.append({**row, **asdict(timing), "job_read_bytes": report.job_read_bytes})
         if not row.get("keep", False):
             shutil.rmtree(dest, ignore_errors=True)
     return results

@@ -1,9 +1,12 @@
-"""`mlhpc stage-bench`: the study's CSV, plot and summary, on tiny datasets (no timing asserted)."""
+"""`mlhpc stage-bench`: the study's CSV, plot and summary, on tiny datasets (no speed asserted);
+its figures on the user's clock, told apart from the sync-inclusive extra with a slowed `sync`."""
 
 from __future__ import annotations
 
 import csv
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,9 @@ import pytest
 
 from mlhpc.cli import main
 from mlhpc.staging import bench_tools as tools
+from mlhpc.staging.comm import CallbackComm
+
+COPIES = ("cp", "tar", "mlhpc")  # staged data to read once; the raw disk measures stage nothing
 
 
 def run_bench(out: Path, *extra: str) -> list[dict[str, str]]:
@@ -40,12 +46,103 @@ def test_study_writes_csv_plot_and_summary(tmp_path: Path) -> None:
         assert {(kib, "mlhpc", "1"), (kib, "mlhpc", "4")} <= methods
     for row in rows:
         assert float(row["written_mb_s"]) > 0 and float(row["ratio_cp"]) > 0
+        # MB/s is on the user's clock: the bytes over wall_s, not over the sync-inclusive time
+        wall = float(row["wall_s"])
+        assert float(row["dataset_mb_s"]) == pytest.approx(int(row["dataset_bytes"]) / wall / 1e6, rel=0.03)
         if row["method"] == "mlhpc":
             assert row["source_reads"] == "1.0"
+        if row["method"] in COPIES:
+            assert float(row["read_once_s"]) >= wall
+            assert float(row["extra_with_sync_s"]) >= wall
+            assert float(row["ratio_cp_read_once"]) > 0 and float(row["ratio_tar_read_once"]) > 0
+        else:  # no staged copy to read or sync
+            assert row["read_once_s"] == row["extra_with_sync_s"] == row["ratio_cp_read_once"] == ""
+        if row["method"] == "cp":
+            assert row["ratio_cp"] == row["ratio_cp_read_once"] == "1.0"
     assert (tmp_path / "out" / "stage_bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (tmp_path / "out" / "stage_bench.md").read_text()
     assert "| files | method | mode |" in summary and "x copy limit" in summary
+    assert "| s | s read once | MB/s |" in summary and summary.count("| extra: s with sync |") == 1
     assert not (tmp_path / "out" / "scratch").exists()  # generated data is removed
+
+
+READ_S, SYNC_S = 0.5, 1.5  # far apart and far above what a tiny copy takes, so that no figure hides another
+
+
+def slowed(monkeypatch: pytest.MonkeyPatch, read_s: float, sync_s: float) -> list[Path]:
+    """`read_all` made `read_s` slower and `sync` a pause of `sync_s` (nothing written back: a real
+    sync waits on the whole machine); returns the roots that were read."""
+    roots: list[Path] = []
+    read_all: Callable[[Path], None] = tools.read_all
+
+    def slow_read(root: Path) -> None:
+        roots.append(root)
+        time.sleep(read_s)
+        read_all(root)
+
+    monkeypatch.setattr(tools, "read_all", slow_read)
+    monkeypatch.setattr(os, "sync", lambda: time.sleep(sync_s))
+    return roots
+
+
+def test_the_users_clock_leaves_the_read_and_the_sync_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    roots = slowed(monkeypatch, READ_S, SYNC_S)
+    dest = tmp_path / "dest"
+
+    def copy() -> None:
+        dest.mkdir()
+        (dest / "a.bin").write_bytes(b"x" * 1000)
+
+    timing = tools.user_clock(copy, dest)
+    assert roots == [dest]
+    assert timing.wall_s < READ_S  # the copy alone
+    assert READ_S <= timing.read_once_s - timing.wall_s < SYNC_S  # the read, not the sync
+    assert SYNC_S <= timing.extra_with_sync_s - timing.wall_s < SYNC_S + READ_S  # the sync, not the read
+    ranks = tools.user_clock(lambda: 0.25, dest)  # ranks timed inside their launch: their seconds
+    assert ranks.wall_s == pytest.approx(0.25)
+    assert ranks.read_once_s >= 0.25 + READ_S and ranks.extra_with_sync_s >= 0.25 + SYNC_S
+
+
+def test_a_plan_row_times_the_staging_then_the_read_then_the_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools.make_dataset(tmp_path / "src", 256 << 10, 64 << 10)
+    row = {"src": str(tmp_path / "src"), "dest": str(tmp_path / "dest"), "mode": "replicate", "workers": 2}
+    plan = [row | {"cold": False}, row | {"cold": False, "read": False, "sync": False}]
+    roots = slowed(monkeypatch, READ_S, SYNC_S)
+    timed, untimed = tools.run_plan(CallbackComm(), plan)
+    assert roots == [tmp_path / "dest" / "node0"]  # the node's copy, read once; not for the second row
+    assert timed["wall_s"] < SYNC_S
+    assert READ_S <= timed["read_once_s"] - timed["wall_s"] < SYNC_S
+    assert SYNC_S <= timed["extra_with_sync_s"] - timed["wall_s"] < SYNC_S + READ_S
+    assert tools.Timing.from_row(untimed) == tools.Timing(wall_s=untimed["wall_s"])
+
+
+def test_the_study_reports_the_users_clock_with_sync_only_as_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sync_s = 0.3  # every copy and raw measure syncs once: keep the study short
+    slowed(monkeypatch, 0.0, sync_s)
+    rows = run_bench(tmp_path / "out", "--workers", "1", "--ranks", "1", "--file-kib", "1024")
+    copies = [r for r in rows if r["method"] in COPIES]
+    assert {r["method"] for r in copies} == set(COPIES)
+    for row in copies:
+        wall, read, with_sync = (float(row[k]) for k in ("wall_s", "read_once_s", "extra_with_sync_s"))
+        assert with_sync - wall >= sync_s  # the sync is in the extra and not in the user's clock
+        assert wall <= read < wall + sync_s  # nor in the read-once time
+        assert float(row["written_mb_s"]) == pytest.approx(2 * (1 << 20) / wall / 1e6, rel=0.03)
+    table = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in (tmp_path / "out" / "stage_bench.md").read_text().splitlines()
+        if line.startswith("| ")
+    ]
+    cells = dict(zip(table[0], next(line for line in table if line[1] == "mlhpc"), strict=True))
+    row = next(r for r in copies if r["method"] == "mlhpc")
+    assert float(cells["s"]) == pytest.approx(float(row["wall_s"]), abs=1e-3)
+    assert float(cells["s read once"]) == pytest.approx(float(row["read_once_s"]), abs=1e-3)
+    assert float(cells["extra: s with sync"]) == pytest.approx(float(row["extra_with_sync_s"]), abs=1e-3)
 
 
 def test_copies_go_to_the_local_dir_and_leave_nothing(
@@ -53,10 +150,10 @@ def test_copies_go_to_the_local_dir_and_leave_nothing(
 ) -> None:
     local = tmp_path / "local"
     destinations: list[Path] = []
-    for name in ("cp_seconds", "tar_seconds", "raw_copy_seconds"):
+    for name in ("cp_timing", "tar_timing", "raw_copy_seconds"):
         measure = getattr(tools, name)
 
-        def recording(*args: Any, _measure: Any = measure, **kwargs: Any) -> float:
+        def recording(*args: Any, _measure: Any = measure, **kwargs: Any) -> Any:
             destinations.append(Path(args[1]))
             return _measure(*args, **kwargs)
 
@@ -92,7 +189,7 @@ def test_parallel_dd_copies_every_file_byte_for_byte(tmp_path: Path) -> None:
 
 def test_timings_reject_an_unknown_method(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rsync"):
-        tools.seconds_by_round(tmp_path, 1, tmp_path, 1, False, ("cp", "rsync"))
+        tools.timings_by_round(tmp_path, 1, tmp_path, 1, False, ("cp", "rsync"))
 
 
 def test_raw_baselines_keep_one_depth_chosen_by_median(
@@ -101,9 +198,13 @@ def test_raw_baselines_keep_one_depth_chosen_by_median(
     # depth 4 is lucky once and slow otherwise; the faster run of each round would give [1, 2, 2]
     seconds = {tools.RAW_DEPTHS[0]: iter([1.0, 3.0, 3.0]), tools.RAW_DEPTHS[1]: iter([2.0, 2.0, 2.0])}
     monkeypatch.setattr(tools, "raw_read_seconds", lambda src, cold, depth: next(seconds[depth]))
-    monkeypatch.setattr(tools, "cp_seconds", lambda src, dest, cold: 4.0)
-    times = tools.seconds_by_round(tmp_path, 1, tmp_path, 3, False, ("cp", "raw-read"))
-    assert times == {"cp": [4.0, 4.0, 4.0], "raw-read": [2.0, 2.0, 2.0]}
+    cp = tools.Timing(wall_s=4.0, read_once_s=5.0, extra_with_sync_s=6.0)
+    monkeypatch.setattr(tools, "cp_timing", lambda src, dest, cold: cp)
+    times = tools.timings_by_round(tmp_path, 1, tmp_path, 3, False, ("cp", "raw-read"))
+    assert times == {"cp": [cp] * 3, "raw-read": [tools.Timing(wall_s=2.0)] * 3}
+    assert tools.medians(times)["raw-read"] == tools.Timing(
+        wall_s=2.0, read_once_s=None, extra_with_sync_s=None
+    )
 
 
 def test_raw_read_reads_every_source_byte_once_with_requests_in_flight(tmp_path: Path) -> None:
@@ -135,6 +236,8 @@ def test_study_with_two_ranks_as_two_nodes(tmp_path: Path) -> None:
     assert set(staged) == {("replicate", "2"), ("shard", "2")}
     for row in staged.values():
         assert row["source_reads"] == "1.0"  # both modes read the source once in total
+        assert float(row["read_once_s"]) >= float(row["wall_s"]) > 0  # every rank read its copy once
+        assert float(row["extra_with_sync_s"]) >= float(row["wall_s"])
     replicate, shard = staged[("replicate", "2")], staged[("shard", "2")]
     assert float(replicate["written_mb_s"]) == pytest.approx(2 * float(replicate["dataset_mb_s"]), rel=0.01)
     assert float(shard["written_mb_s"]) == pytest.approx(float(shard["dataset_mb_s"]), rel=0.01)
