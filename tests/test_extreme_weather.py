@@ -229,9 +229,9 @@ def test_run_end_events_use_the_last_evaluation(ew_cfg: Callable[..., ExtremeWea
 
 
 def test_lr_schedule_warms_up_then_decays(ew_cfg: Callable[..., ExtremeWeatherConfig]) -> None:
-    cfg = ew_cfg()  # warm-up 0.5 epoch from 0.01, x0.1 at epochs 8 and 11
+    cfg = ew_cfg()  # warm-up 2 epochs from 0.01, x0.1 at epochs 12 and 14
     assert train.lr_multiplier(cfg, 0.0) == pytest.approx(0.01)
-    assert train.lr_multiplier(cfg, 0.25) == pytest.approx(0.505)
+    assert train.lr_multiplier(cfg, 1.0) == pytest.approx(0.505)
     assert train.lr_multiplier(cfg, 3.0) == 1.0
-    assert train.lr_multiplier(cfg, 8.0) == pytest.approx(0.1)
-    assert train.lr_multiplier(cfg, 11.5) == pytest.approx(0.01)
+    assert train.lr_multiplier(cfg, 12.0) == pytest.approx(0.1)
+    assert train.lr_multiplier(cfg, 14.5) == pytest.approx(0.01)
