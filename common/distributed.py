@@ -7,6 +7,7 @@ behind the same interface, imported only when chosen.
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import socket
 from dataclasses import dataclass, field
@@ -118,10 +119,14 @@ class DistContext:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # No buffer broadcast from rank 0 before every forward (a collective per step): each rank
         # keeps its own batch-norm statistics, averaged before each evaluation, as the DeepCAM
-        # reference does (average_batchnorm_statistics).
-        return torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=device_ids, process_group=self.group, broadcast_buffers=False
+        # reference does (average_batchnorm_statistics). torch 2.14 renamed the switch.
+        ddp = torch.nn.parallel.DistributedDataParallel
+        no_forward_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters
+            else {"broadcast_buffers": False}
         )
+        return ddp(model, device_ids=device_ids, process_group=self.group, **no_forward_sync)
 
     def split(self, instances: int) -> DistContext:
         """This rank's share of a weak-scaling job: `instances` groups of consecutive ranks, each

@@ -32,6 +32,8 @@ before = {"mean": bn.running_mean.tolist(), "var": bn.running_var.tolist()}
 average_batchnorm_statistics(model, ctx)
 after = {"mean": bn.running_mean.tolist(), "var": bn.running_var.tolist()}
 Path(sys.argv[1], f"rank{ctx.rank}.json").write_text(json.dumps({"before": before, "after": after}))
+del model, bn  # DDP's reducer goes before its process group
+ctx.barrier()
 shutdown_distributed()
 """
 

@@ -171,7 +171,8 @@ def test_lr_schedule_counts_optimizer_steps_under_accumulation(
     made = []
 
     def build_optimizer(cfg: Any, model: torch.nn.Module, ctx: DistContext, steps: int) -> Any:
-        made.append(cosmo_train.build_optimizer(cosmo, model, ctx, steps))
+        optimizer = torch.optim.SGD(model.parameters(), lr=cosmo_train.scaled_learning_rate(cosmo))
+        made.append((optimizer, cosmo_train.lr_scheduler(cosmo, optimizer, steps)))
         return made[-1]
 
     bench = dataclasses.replace(TOY, build_optimizer=build_optimizer)

@@ -52,9 +52,15 @@ def build_optimizer(
         lr=scaled_learning_rate(cfg),
         momentum=cfg.optimizer.momentum,
     )
+    return optimizer, lr_scheduler(cfg, optimizer, steps_per_epoch)
+
+
+def lr_scheduler(
+    cfg: CosmoFlowConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The epoch-based schedule, stepped once per optimizer step."""
     steps = max(1, steps_per_epoch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(cfg, step / steps))
-    return optimizer, scheduler
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(cfg, step / steps))
 
 
 def compute_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
