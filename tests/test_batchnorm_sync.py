@@ -15,7 +15,7 @@ pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 import torch
 from mlhpc.common.distributed import average_batchnorm_statistics, init_distributed, shutdown_distributed
@@ -32,9 +32,12 @@ before = {"mean": bn.running_mean.tolist(), "var": bn.running_var.tolist()}
 average_batchnorm_statistics(model, ctx)
 after = {"mean": bn.running_mean.tolist(), "var": bn.running_var.tolist()}
 Path(sys.argv[1], f"rank{ctx.rank}.json").write_text(json.dumps({"before": before, "after": after}))
-del model, bn  # DDP's reducer goes before its process group
 ctx.barrier()
 shutdown_distributed()
+# torch 2.14 on gloo aborts at interpreter exit after a DDP backward in about 1 run in 10
+# ("terminate called without an active exception", seen with a bare DDP script too): the test
+# is about the statistics, already written, so it leaves without the teardown.
+os._exit(0)
 """
 
 
