@@ -195,11 +195,17 @@ def chunks(entries: Sequence[FileEntry], pieces: int, most: int = 64) -> list[li
     """Consecutive runs of `entries`, about `pieces` of them (so that every thread gets several
     and they finish together), up to `most` files and `CHUNK_BYTES` each."""
     per = max(1, min(most, len(entries) // max(1, pieces)))
+    return consecutive_runs(entries, per, CHUNK_BYTES)
+
+
+def consecutive_runs(entries: Sequence[FileEntry], most_files: int, most_bytes: int) -> list[list[FileEntry]]:
+    """`entries` cut, in order, into runs of at most `most_files` files and `most_bytes` bytes (a
+    larger file alone)."""
     out: list[list[FileEntry]] = []
     current: list[FileEntry] = []
     size = 0
     for entry in entries:
-        if current and (len(current) >= per or size + entry.size > CHUNK_BYTES):
+        if current and (len(current) >= most_files or size + entry.size > most_bytes):
             out.append(current)
             current, size = [], 0
         current.append(entry)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.copy import CopyJob, chunks, close_journal, copy_chunk, journal
+from mlhpc.staging.copy import CopyJob, chunks, close_journal, consecutive_runs, copy_chunk, journal
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.sink import SinkOptions, Staged
 
@@ -34,18 +34,7 @@ _BATCH_BYTES = 256 << 20
 
 def batches(entries: Sequence[FileEntry]) -> list[list[FileEntry]]:
     """Consecutive runs of files, up to 64 files or 256 MiB each."""
-    out: list[list[FileEntry]] = []
-    current: list[FileEntry] = []
-    size = 0
-    for entry in entries:
-        if current and (len(current) >= _BATCH_FILES or size + entry.size > _BATCH_BYTES):
-            out.append(current)
-            current, size = [], 0
-        current.append(entry)
-        size += entry.size
-    if current:
-        out.append(current)
-    return out
+    return consecutive_runs(entries, _BATCH_FILES, _BATCH_BYTES)
 
 
 def copy_in_processes(
