@@ -128,19 +128,9 @@ def copy_buffered(
                 raise source_error(e, source) from e
             hasher.update(view[:n])
             received += n
-        if received != entry.size:
-            raise changed(entry.path, received, entry.size)
-        checksum = hasher.hexdigest()
-        if entry.checksum and checksum != entry.checksum:
-            raise mismatch(entry, algorithm)
-        try:
-            if umask is None or mode & umask:
-                os.fchmod(out, mode)  # the umask took bits the source has
-            os.close(out)
-            out = -1
-            os.rename(tmp, target)
-        except OSError as e:
-            raise write_error(e, target) from e
+        checksum = _verified(entry, algorithm, hasher, received)
+        written, out = out, -1
+        _publish(written, tmp, target, mode, umask)
         return Staged(entry.path, received, checksum, entry.path, checksum)
     except BaseException:
         if out >= 0:
@@ -211,19 +201,9 @@ def copy_kernel(
             copied += n
             if copied > entry.size:
                 break  # the source grew: refused below, without copying the rest
-        if copied != entry.size:
-            raise changed(entry.path, copied, entry.size)
-        checksum = hasher.hexdigest()
-        if entry.checksum and checksum != entry.checksum:
-            raise mismatch(entry, algorithm)
-        try:
-            if umask is None or mode & umask:
-                os.fchmod(out, mode)
-            os.close(out)
-            out = -1
-            os.rename(tmp, target)
-        except OSError as e:
-            raise write_error(e, target) from e
+        checksum = _verified(entry, algorithm, hasher, copied)
+        written, out = out, -1
+        _publish(written, tmp, target, mode, umask)
         return Staged(entry.path, copied, checksum, entry.path, checksum)
     except BaseException:
         if out >= 0:
@@ -234,6 +214,29 @@ def copy_kernel(
         raise
     finally:
         os.close(fd)
+
+
+def _verified(entry: FileEntry, algorithm: str, hasher: Any, size: int) -> str:
+    """The copy's checksum, once its size and checksum are the manifest's (else the error)."""
+    if size != entry.size:
+        raise changed(entry.path, size, entry.size)
+    checksum = hasher.hexdigest()
+    if entry.checksum and checksum != entry.checksum:
+        raise mismatch(entry, algorithm)
+    return checksum
+
+
+def _publish(out: int, tmp: str, target: str, mode: int, umask: int | None) -> None:
+    """Give the verified copy the source's mode and its name; `out` is closed whatever happens."""
+    try:
+        try:
+            if umask is None or mode & umask:
+                os.fchmod(out, mode)  # the umask took bits the source has
+        finally:
+            os.close(out)
+        os.rename(tmp, target)
+    except OSError as e:
+        raise write_error(e, target) from e
 
 
 def _hash_pages(fd: int, offset: int, length: int, hasher: Any) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,11 +102,17 @@ with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
 """
 
 
-@contextmanager
-def lock_held_elsewhere(folder: Path) -> Iterator[int]:
+def lock_held_elsewhere(folder: Path) -> AbstractContextManager[int]:
     """`folder`'s mlhpc lock held by another process for the block; yields that process's pid."""
+    return held_by_another_process(_HOLD_LOCK, str(folder))
+
+
+@contextmanager
+def held_by_another_process(script: str, *args: str) -> Iterator[int]:
+    """Runs `script` (which prints "held" once it holds something, then waits on stdin) in another
+    process for the block; yields its pid, and lets it go at the end."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_LOCK, str(folder)],
+        [sys.executable, "-c", script, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from mlhpc.cli import main
 from mlhpc.submission_checker import check_submission
-from tests.conftest import cli_env, mlhpc_cli
+from tests.conftest import cli_env, held_by_another_process, mlhpc_cli
 
 DATA = Path(__file__).parent / "data"
 HELMHOLTZ = DATA / "hpc_v2.0_helmholtzai"
@@ -123,31 +123,23 @@ connection.execute("COMMIT")
 def test_two_processes_adding_at_once(tmp_path: Path) -> None:
     db = tmp_path / "store.sqlite"
     assert main(["results", "add", str(NCSA), "--db", str(db)]) == 0  # the file exists, empty of others
-    # A third process holds the write lock while both adds start: each must wait, then write.
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_WRITE_LOCK, str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )
-    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
     weak = tmp_path / "hpc_results_v3.0"
     shutil.copytree(WEAK, weak)
-    adds = [
-        subprocess.Popen(
-            [sys.executable, "-m", "mlhpc", "results", "add", str(folder), "--db", str(db)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=cli_env(),
-            cwd=tmp_path,
-        )
-        for folder in (HELMHOLTZ, weak)
-    ]
-    time.sleep(6)  # both checked their folders and now wait on the lock
-    assert all(p.poll() is None for p in adds)
-    holder.communicate("")
+    # A third process holds the write lock while both adds start: each must wait, then write.
+    with held_by_another_process(_HOLD_WRITE_LOCK, str(db)):
+        adds = [
+            subprocess.Popen(
+                [sys.executable, "-m", "mlhpc", "results", "add", str(folder), "--db", str(db)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=cli_env(),
+                cwd=tmp_path,
+            )
+            for folder in (HELMHOLTZ, weak)
+        ]
+        time.sleep(6)  # both checked their folders and now wait on the lock
+        assert all(p.poll() is None for p in adds)
     for process in adds:
         _, err = process.communicate(timeout=120)
         assert process.returncode == 0, err
