@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from mlhpc import runner
-from mlhpc.cli import _run_options, build_parser
+from mlhpc.cli import build_parser
+from mlhpc.commands.run import _run_options
 from mlhpc.staging import CallbackComm
 from mlhpc.staging.manifest import MANIFEST_NAME, build_manifest
 

@@ -1,0 +1,202 @@
+"""`mlhpc run`: its options and the handler that runs a campaign here, under torchrun, or on Slurm."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlhpc.commands import RULESETS, add_command
+from mlhpc.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mlhpc.runner import RunOptions
+
+
+def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
+    """Add run; its Slurm options only when it is the command (or for --help of the whole CLI)."""
+    run = add_command(
+        sub,
+        "run",
+        "stage, train each seed to target, write and check a submission",
+        "mlhpc run cosmoflow --config mini --seeds 10 --out runs/\n"
+        "mlhpc run cosmoflow --config mini --seeds 10 --out runs/ --resume   # after an interruption\n"
+        "mlhpc run cosmoflow --config mini --instances 10 --out runs/weak   # weak scaling\n"
+        "torchrun --nproc_per_node=2 -m mlhpc run cosmoflow --seeds 1 --out runs/",
+    )
+    run.add_argument("benchmark")
+    run.add_argument("--config", default="mini", help="mini, full, or a YAML path (default mini)")
+    run.add_argument(
+        "--seeds", type=int, default=1, help="seeded runs (a strong score needs 10 for cosmoflow)"
+    )
+    run.add_argument("--first-seed", type=int, default=None, help="seeds are N, N+1, ... (default random)")
+    run.add_argument("--out", type=Path, required=True, help="where the submission directory goes")
+    run.add_argument("--data", type=Path, default=None, help="dataset to stage (default: generate one)")
+    run.add_argument(
+        "--local-dir", type=Path, default=None, help="node-local staging dir (or MLHPC_LOCAL_DIR)"
+    )
+    run.add_argument("--submitter", default="mlhpc")
+    run.add_argument("--system", default=None, help="system name (default <host>_<cpu|gpu>_n<ranks>)")
+    run.add_argument(
+        "--division",
+        choices=("closed", "open"),
+        default=None,
+        help="default closed, or open where the closed rules need the real dataset (deepcam mini)",
+    )
+    run.add_argument("--status", choices=("onprem", "cloud", "preview", "research"), default="onprem")
+    run.add_argument("--ruleset", choices=RULESETS, default="3.0.0")
+    run.add_argument(
+        "--staging",
+        choices=("inside", "before"),
+        default="inside",
+        help="stage inside run_start..run_stop (default, counts in the score) or before it",
+    )
+    run.add_argument(
+        "--io",
+        choices=("auto", "buffered", "direct", "kernel"),
+        default="auto",
+        help="the staging copy's I/O path (see mlhpc stage --help)",
+    )
+    run.add_argument("--durable", action="store_true", help="have the staged copy on disk before training")
+    run.add_argument("--backend", choices=("auto", "gloo", "nccl", "horovod"), default="auto")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    run.add_argument("--clear-cache", action="store_true", help="drop the page cache before each run (root)")
+    run.add_argument("--no-check", action="store_true", help="skip `mlhpc check` at the end")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted campaign in --out: keep its successful runs, rerun the rest",
+    )
+    run.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="weak scaling: train this many models at once, one per group of ranks "
+        "(a single process launches the ranks itself, one per instance)",
+    )
+    run.add_argument(
+        "--power",
+        action="store_true",
+        help="sample each node's GPU (NVML) and CPU package (RAPL) power while a run is timed, into "
+        "power/result_<i>/node_<host>.txt beside the result; mlhpc check scores the energy",
+    )
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, e.g. loop.max_epochs=20",
+    )
+    if command in (None, "run"):
+        from mlhpc.slurm_campaign import add_slurm_arguments
+
+        add_slurm_arguments(run)
+    run.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mlhpc.common.writable import check_writable_dir, local_dir_name
+    from mlhpc.staging.localdir import resolve_local_dir
+
+    for name in ("seeds", "instances"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name} {getattr(args, name)} must be at least 1; pass --{name} 1 or more")
+    if args.slurm:  # submit and return: the login node needs neither torch nor data
+        from mlhpc.slurm_campaign import run_slurm_campaign
+
+        if not args.dry_run:
+            check_writable_dir(args.out, "--out")
+        return run_slurm_campaign(args)
+    if args.dry_run:  # check the config (and --data), print the init events, build nothing
+        from mlhpc.dry_run import dry_run
+
+        return dry_run(_run_options(args), device=args.device)
+    # Up front, on every rank: a read-only --out or a MLHPC_LOCAL_DIR that is a file is one line now,
+    # not a traceback after the first seed has trained.
+    check_writable_dir(args.out, "--out")
+    check_writable_dir(resolve_local_dir(args.local_dir), local_dir_name(args.local_dir))
+    from mlhpc.common.distributed import init_distributed, shutdown_distributed
+    from mlhpc.common.launch import detect_launch
+    from mlhpc.runner import run_campaign
+
+    if args.instances > 1 and detect_launch().world_size == 1:
+        return _launch_instances(args)
+
+    opts = _run_options(args)
+    ctx = init_distributed(args.backend, args.device)
+    started = time.perf_counter()
+    try:
+        campaign = run_campaign(opts, ctx)
+    finally:
+        shutdown_distributed()
+    if ctx.is_main:
+        if campaign.kept:
+            print(f"\nresumed: kept the finished runs {campaign.kept}")
+        print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
+        for seed, result, _ in campaign.results:
+            print(
+                f"{seed:>10} {result.status:>8} {result.epochs:>6} {result.run_seconds / 60:>8.3f} "
+                f"{result.train_samples_per_s:>10.1f}"
+            )
+        print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
+    return campaign.check_status or 0
+
+
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    from mlhpc.runner import RunOptions
+
+    return RunOptions(
+        benchmark=args.benchmark,
+        config=args.config,
+        overrides=tuple(args.overrides),
+        seeds=args.seeds,
+        first_seed=args.first_seed,
+        out=args.out,
+        data=args.data,
+        local_dir=args.local_dir,
+        submitter=args.submitter,
+        system=args.system,
+        division=args.division,
+        status=args.status,
+        ruleset=args.ruleset,
+        staging=args.staging,
+        staging_io=args.io,
+        durable=args.durable,
+        clear_cache=args.clear_cache,
+        check=not args.no_check,
+        resume=args.resume,
+        instances=args.instances,
+        power=args.power,
+    )
+
+
+def _launch_instances(args: argparse.Namespace) -> int:
+    """Start one local rank per instance under torchrun with this same command line, then check
+    the submission here (a failing check in a rank would read as a crashed worker)."""
+    import os
+    import subprocess
+
+    from mlhpc.cli import Terminated
+    from mlhpc.submission_checker.command import check_command
+
+    threads = max(1, (os.cpu_count() or 1) // args.instances)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc_per_node={args.instances}", "-m", "mlhpc", *args.argv, "--no-check"]
+    print(f"launching {args.instances} local ranks, one per instance: {' '.join(command)}", flush=True)
+    with subprocess.Popen(command, env=env) as launcher:
+        try:
+            status = launcher.wait()
+        except KeyboardInterrupt as stop:
+            # Pass the signal on: torchrun stops its ranks on it, where a SIGKILL would orphan them.
+            launcher.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+            try:
+                launcher.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+            raise
+    if status != 0 or args.no_check:
+        return status
+    return check_command(args.out / args.submitter, ruleset=args.ruleset)
