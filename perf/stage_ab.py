@@ -58,7 +58,9 @@ def stage_seconds(pythonpath: Path, src: Path, dest: Path) -> tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", required=True, help="the git revision to compare against")
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--kib", type=int, default=64)
@@ -67,7 +69,9 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="mlhpc-stage-ab-"))
     base = work / "base-checkout"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-f", "--detach", str(base), args.base], check=True)
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "-f", "--detach", str(base), args.base], check=True
+    )
     try:
         paths = {"base": importable(base, work / "pkg-base"), "this": importable(REPO, work / "pkg-this")}
         src = work / "src"
@@ -77,7 +81,9 @@ def main() -> None:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"f{i}.bin").write_bytes(data)
         env = {**os.environ, "PYTHONPATH": str(paths["this"])}
-        subprocess.run([sys.executable, "-m", "mlhpc", "stage", "--make-manifest", str(src)], env=env, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "mlhpc", "stage", "--make-manifest", str(src)], env=env, check=True
+        )
         runs: dict[str, list[tuple[float, float]]] = {"base": [], "this": []}
         for r in range(args.rounds):
             stage_seconds(paths["this"], src, work / "dest-warm")

@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mlhpc.staging import bench_tools as tools
 from mlhpc.staging.stage import stage_dataset
+from mlhpc.staging.study import tools
 
 CASES = ("small-warm", "small-cold", "large-warm", "large-cold", "small-ranks", "large-ranks")
 

@@ -43,6 +43,8 @@ def checked_dirs(dest_root: str, *, fresh: bool = False) -> set[str]:
     if fresh:
         _checked_dirs.pop(dest_root, None)
     return _checked_dirs.setdefault(dest_root, set())
+
+
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 
 

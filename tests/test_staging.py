@@ -43,7 +43,6 @@ from mlhpc.staging.copy import (
     read_spans,
 )
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
-from mlhpc.staging.model import Cluster, model_table, staging_time
 from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_exchange, plan_node_copies, rank_files
 from mlhpc.staging.sink import (
     ALIGN,
@@ -57,6 +56,7 @@ from mlhpc.staging.sink import (
     supports_direct_io,
 )
 from mlhpc.staging.stage import check_free_space, prepare_destination
+from mlhpc.staging.study.model import Cluster, model_table, staging_time
 from tests.conftest import cli_env, dataset_files, lock_held_elsewhere
 
 

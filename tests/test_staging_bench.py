@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from mlhpc.cli import main
-from mlhpc.staging import bench_tools as tools
 from mlhpc.staging.comm import CallbackComm
+from mlhpc.staging.study import tools
 
 COPIES = ("cp", "tar", "mlhpc")  # staged data to read once; the raw disk measures stage nothing
 

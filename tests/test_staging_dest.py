@@ -74,7 +74,9 @@ def test_a_partial_copy_by_another_tool_is_completed_and_its_stale_file_replaced
     assert (dest / "a.bin").read_bytes() == b"a" * 100
 
 
-def test_the_cli_refuses_a_users_folder_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_refuses_a_users_folder_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src, dest = make_source(tmp_path / "src"), tmp_path / "dest"
     dest.mkdir()
     (dest / "precious.txt").write_text("p")

@@ -68,7 +68,7 @@ def add_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
         "mlhpc stage-bench --out runs/stage-bench --total-mib 512 --file-kib 64,1024,65536",
     )
     if command in (None, "stage-bench"):
-        from mlhpc.staging.bench import add_bench_arguments
+        from mlhpc.staging.study.bench import add_bench_arguments
 
         add_bench_arguments(bench)
     bench.set_defaults(handler=_stage_bench)
@@ -126,6 +126,6 @@ def _stage(args: argparse.Namespace) -> int:
 
 
 def _stage_bench(args: argparse.Namespace) -> int:
-    from mlhpc.staging.bench import run_bench
+    from mlhpc.staging.study.bench import run_bench
 
     return run_bench(args)

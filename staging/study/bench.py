@@ -18,8 +18,8 @@ from typing import Any
 
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.plots import pyplot, write_png
-from mlhpc.staging import bench_tools as tools
 from mlhpc.staging.plan import MODES
+from mlhpc.staging.study import tools
 
 CSV_FIELDS = (
     "file_kib",
@@ -91,7 +91,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.model:
-        from mlhpc.staging.model import GB, TB, Cluster, model_table
+        from mlhpc.staging.study.model import GB, TB, Cluster, model_table
 
         cluster = Cluster(
             shared_fs_bytes_s=args.fs_gbs * GB,

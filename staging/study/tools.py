@@ -504,7 +504,7 @@ def run_plan_in_ranks(
     plan_path, result_path = work / f"plan-{ranks}.json", work / f"results-{ranks}.json"
     plan_path.write_text(json.dumps(list(plan)))
     result_path.unlink(missing_ok=True)
-    module = ["-m", "mlhpc.staging.bench_tools", str(plan_path), str(result_path), comm]
+    module = ["-m", "mlhpc.staging.study.tools", str(plan_path), str(result_path), comm]
     if comm == "mpi":
         launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), sys.executable]
     else:
