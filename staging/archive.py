@@ -31,7 +31,7 @@ import xxhash
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safepath import inside, landing, link_target, relative_path
 from mlhpc.staging.archive_stream import CorruptArchiveError, open_archive
-from mlhpc.staging.copy import already_staged, journal
+from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
 from mlhpc.staging.sink import (
     BUFFER_BYTES,

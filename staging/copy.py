@@ -1,49 +1,36 @@
-"""Copying files from the source to node-local disk in parallel workers, one pass per file.
+"""Copying one file (or a run of them) from the source to node-local disk, in one pass.
 
 Each file is read once into a page-aligned buffer, hashed from it and written from it (no
-second read of source or copy). Threads overlap I/O; worker processes (worker.py) add CPUs for
-the Python work per file, which dominates with many small files.
+second read of source or copy). Many of these run at once in threads or worker processes, as
+parallel.py chooses; what was copied is recorded in the journal (journal.py).
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import mmap
 import os
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.safepath import relative_path
 from mlhpc.staging.buffered import KERNEL_COPY_MIN_BYTES, copy_buffered, copy_kernel, source_error
-from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
-from mlhpc.staging.plan import CopyOp
+from mlhpc.staging.journal import journal
+from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry
 from mlhpc.staging.sink import (
     BUFFER_BYTES,
     BufferPool,
     FileSink,
     SinkOptions,
     Staged,
-    staged_path,
-    write_error,
 )
 
 log = logging.getLogger(__name__)
-JOURNAL_PREFIX = ".mlhpc_journal."
 DIRECT_READ_MIN_BYTES = 4 << 20
-JOURNAL_BATCH = 64
-JOURNAL_DELAY_S = 1.0
-MAX_READ_AHEAD = 4
-"""Block reads in flight per large file, at most. One at a time leaves a disk that wants a deep
-queue idle when there are fewer files than workers (8 x 128 MiB files here: +32 %)."""
 TAIL_PIECE_BYTES = 2 << 20
 """The last block's worth of a file read ahead goes in pieces this size: what is left to write
 once its last read is in is one piece, not one block (see `read_spans`)."""
@@ -53,8 +40,6 @@ _readers_lock = threading.Lock()
 _stopping: set[str] = set()
 """Destinations whose copies stop at their next block: an error or an interruption (Ctrl-C,
 SIGTERM) elsewhere, so that a large file's copy does not hold the exit for seconds."""
-_journals: dict[str, Journal] = {}
-_journals_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -66,7 +51,7 @@ class CopyJob:
     options: SinkOptions
     threads: int
     read_ahead: int = 1
-    """Block reads in flight per large file (see `read_ahead_depth`)."""
+    """Block reads in flight per large file (see `parallel.read_ahead_depth`)."""
     direct_reads: bool = True
     """Read large files with O_DIRECT where the source allows it (else through the page cache)."""
     kernel_copy: bool = False
@@ -76,35 +61,6 @@ class CopyJob:
     def buffered(self) -> bool:
         """Whether files go the lean buffered path (`buffered.copy_buffered`)."""
         return not (self.direct_reads or self.options.direct_io or self.options.decompress)
-
-
-def read_ahead_depth(workers: int, files: int) -> int:
-    """Reads in flight per large file: the workers left idle by a short file list go to reading
-    ahead, so reads in flight (and buffers held) stay at about `workers`."""
-    return max(1, min(MAX_READ_AHEAD, workers // max(1, min(files, workers))))
-
-
-BUFFER_SHARE = 0.5
-"""The direct path's buffers take at most this share of the memory the node may use."""
-
-
-def fit_in_memory(workers: int, sizes: Sequence[int], memory_bytes: int | None) -> tuple[int, int]:
-    """(threads, reads in flight per large file) for the direct path, so that their buffers take
-    at most `BUFFER_SHARE` of `memory_bytes` (None: unknown, not cut). A thread copying a large
-    file holds its reads' blocks, the sink's and a spare, each `BUFFER_BYTES`; one copying small
-    files, one buffer of the largest. Reads in flight give way first, then threads: in a 256 MiB
-    memory cgroup, 32 threads' 16 MiB buffers (4 in flight a file) got the process killed."""
-    depth = read_ahead_depth(workers, len(sizes))
-    if memory_bytes is None or not sizes:
-        return workers, depth
-    budget = int(memory_bytes * BUFFER_SHARE)
-    largest = max(sizes)
-    if largest < BUFFER_BYTES:
-        return max(1, min(workers, budget // (largest + 1 + mmap.PAGESIZE))), depth
-    wanted = min(workers, len(sizes))
-    while depth > 1 and budget // ((depth + 2) * BUFFER_BYTES) < wanted:
-        depth -= 1
-    return max(1, min(workers, budget // ((depth + 2) * BUFFER_BYTES))), depth
 
 
 def copy_file(job: CopyJob, entry: FileEntry, record: bool = True) -> Staged:
@@ -292,188 +248,16 @@ def _open_source(path: str, direct: bool, sequential: bool = True) -> tuple[int,
     return fd, False
 
 
-class Journal:
-    """Per-process log of verified files in the destination: what a rerun may skip, and what
-    the node's manifest is made from.
-
-    One line per file, recorded after the file was renamed into place and appended in batches
-    (`JOURNAL_BATCH` lines or `JOURNAL_DELAY_S`, whichever comes first; `flush` and `close`
-    write the rest): with an append per file, threads wait on the file's lock, which cost about
-    40 of the ~250 us of CPU a 64 KiB file took with 8 threads here. A process killed mid-batch
-    loses that batch's lines, so a rerun checks those files again against the source's
-    checksums, or copies them again.
-    """
-
-    def __init__(self, dest_root: str) -> None:
-        self.path = os.path.join(dest_root, f"{JOURNAL_PREFIX}{os.getpid()}.jsonl")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        try:
-            self._fd = os.open(self.path, flags, 0o644)
-        except OSError as e:  # a destination's fault, not the source file's that was being copied
-            raise write_error(e, self.path) from e
-        self._lines: list[str] = []
-        self._first_at = 0.0
-        self._lock = threading.Lock()
-
-    def record(self, staged: Staged) -> None:
-        self.record_many([staged])
-
-    def record_many(self, staged: Sequence[Staged]) -> None:
-        lines = [json.dumps([s.path, s.size, s.checksum, s.source, s.source_checksum]) for s in staged]
-        with self._lock:
-            if not self._lines:
-                self._first_at = time.monotonic()
-            self._lines.extend(lines)
-            if len(self._lines) < JOURNAL_BATCH and time.monotonic() - self._first_at < JOURNAL_DELAY_S:
-                return
-        self.flush()
-
-    def flush(self) -> None:
-        """Append the lines recorded so far (one write: a crash cuts at most its last line)."""
-        with self._lock:
-            lines, self._lines = self._lines, []
-            if lines:
-                try:
-                    os.write(self._fd, "".join(f"{line}\n" for line in lines).encode())
-                except OSError as e:
-                    raise write_error(e, self.path) from e
-
-    def close(self) -> None:
-        try:
-            self.flush()
-        finally:
-            os.close(self._fd)
+def request_stop(dest_root: str) -> None:
+    """Have the copies into `dest_root` under way stop at their next block (their partials removed)."""
+    _stopping.add(dest_root)
 
 
-def journal(dest_root: str) -> Journal:
-    with _journals_lock:
-        if dest_root not in _journals:
-            _journals[dest_root] = Journal(dest_root)
-        return _journals[dest_root]
-
-
-def close_journal(dest_root: str) -> None:
-    with _journals_lock:
-        found = _journals.pop(dest_root, None)
-    if found is not None:
-        found.close()
-
-
-def read_journals(dest: Path) -> dict[str, Staged]:
-    """Everything earlier runs verified into `dest`, by source path: its journals and manifest."""
-    found: dict[str, Staged] = {}
-    manifest_path = dest / MANIFEST_NAME
-    if manifest_path.is_file():
-        try:
-            for f in Manifest.read(manifest_path).files:
-                found[f.path] = Staged(f.path, f.size, f.checksum, f.path, "")
-        except StagingError:
-            pass  # a broken manifest in the destination only means nothing is skipped
-    journals = sorted(dest.glob(f"{JOURNAL_PREFIX}*.jsonl"), key=lambda p: p.stat().st_mtime_ns)
-    for path in journals:  # oldest first, so the latest record of a file wins
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        try:
-            records = json.loads(f"[{','.join(lines)}]")
-        except ValueError:  # a line cut short when its process was killed: keep the good ones
-            records = [r for r in map(_parse_line, lines) if r is not None]
-        where = f"{path}: record"
-        for fields in records:
-            if (record := _record(fields, where)) is not None:
-                found[record.source] = record
-    return found
-
-
-def _parse_line(line: str) -> list[Any] | None:
-    try:
-        fields = json.loads(line)
-    except ValueError:
-        return None
-    return fields if isinstance(fields, list) and len(fields) == 5 else None
-
-
-_TYPES = (str, int, str, str, str)
-
-
-def _record(fields: Any, where: str) -> Staged | None:
-    """A journal line as a record, or None (ignored: a rerun copies that file again) if it is
-    not one or names a path that leaves DEST (`relative_path` judges both of its paths)."""
-    if not isinstance(fields, list) or len(fields) != 5:
-        return None
-    if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(fields, _TYPES, strict=True)):
-        return None
-    try:
-        path, source = (relative_path(fields[i], where, "it is ignored") for i in (0, 3))
-    except StagingError as e:
-        log.warning("%s", e)
-        return None
-    return Staged(path, fields[1], fields[2], source, fields[4])
-
-
-def already_staged(
-    dest: Path, entry: FileEntry, evidence: dict[str, Staged], options: SinkOptions
-) -> Staged | None:
-    """`entry`'s copy in `dest` if it is there already and still verifies (a rerun skips it)."""
-    record = evidence.get(entry.path)
-    path = staged_path(entry.path, options)
-    if record is not None and (
-        record.path != path or (entry.checksum and record.source_checksum not in ("", entry.checksum))
-    ):
-        record = None
-    if record is None and entry.checksum and path == entry.path:
-        record = Staged(path, entry.size, entry.checksum, entry.path, entry.checksum)
-    if record is None:
-        return None
-    target = dest / path
-    try:
-        if target.stat().st_size == record.size and hash_file(target, options.algorithm) == record.checksum:
-            return record
-    except (OSError, StagingError):
-        pass
-    return None
-
-
-def run_copies(
-    ops: Sequence[CopyOp],
-    job: CopyJob,
-    processes: int = 1,
-    on_done: Callable[[list[Staged]], None] = lambda staged: None,
-) -> list[Staged]:
-    """Copy every op with `job.threads` threads in each of `processes` processes; stop at the first error."""
-    if not ops:
-        return []
-    entries = [op.entry for op in ops]
-    if processes > 1:
-        from mlhpc.staging.worker import copy_in_processes
-
-        return copy_in_processes(entries, job, processes, on_done)
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, job.threads)) as threads:
-            try:
-                work = chunks(entries, 4 * max(1, job.threads))
-                return _collect([threads.submit(copy_chunk, job, chunk) for chunk in work], on_done)
-            except BaseException:
-                _stopping.add(job.dest_root)  # the copies under way stop (their partials removed)
-                raise
-    finally:
-        _stopping.discard(job.dest_root)
-        close_journal(job.dest_root)
+def withdraw_stop(dest_root: str) -> None:
+    """Let the next copies into `dest_root` run (after the ones told to stop have ended)."""
+    _stopping.discard(dest_root)
 
 
 def _check_stopping(job: CopyJob) -> None:
     if job.dest_root in _stopping:
         raise StagingError(f"copying into {job.dest_root} was stopped; rerun to resume")
-
-
-def _collect(futures: list[Future[list[Staged]]], on_done: Callable[[list[Staged]], None]) -> list[Staged]:
-    """Results as they come; at the first error, cancel what has not started and raise it."""
-    done: list[Staged] = []
-    try:
-        for future in as_completed(futures):
-            staged = future.result()
-            done.extend(staged)
-            on_done(staged)
-    except BaseException:
-        for future in futures:
-            future.cancel()
-        raise
-    return done

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mlhpc.common.errors import StagingError
+from mlhpc.staging.buffered import source_error
 from mlhpc.staging.comm import Communicator, lost_peer
-from mlhpc.staging.copy import journal, source_error
+from mlhpc.staging.journal import journal
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.plan import Exchange, StreamItem
 from mlhpc.staging.sink import BUFFER_BYTES, BufferPool, FileSink, SinkOptions, Staged, staged_path

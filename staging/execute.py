@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -13,7 +13,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
 from mlhpc.staging.buffered import make_folders
 from mlhpc.staging.comm import Communicator
-from mlhpc.staging.copy import CopyJob, already_staged, fit_in_memory, journal, read_ahead_depth, run_copies
+from mlhpc.staging.copy import CopyJob
 from mlhpc.staging.exchange import (
     FileStreamReader,
     FileStreamsConsumer,
@@ -21,12 +21,12 @@ from mlhpc.staging.exchange import (
     exchange_rounds,
     peer_have_sets,
 )
+from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import FileEntry, Manifest
-from mlhpc.staging.plan import Mode, Topology, plan_copies, plan_exchange, rank_files, uses_exchange
+from mlhpc.staging.parallel import run_copies, shape
+from mlhpc.staging.plan import Mode, plan_copies, plan_exchange, rank_files, uses_exchange
 from mlhpc.staging.progress import StageProgress
 from mlhpc.staging.sink import SinkOptions, Staged, staged_path
-
-_MANY_FILES = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,24 +82,22 @@ def stage_directory(
     if uses_exchange(settings.mode, topo):
         return _exchange_directory(comm, src, dest, files, have, settings) if topo.in_exchange else Work()
     ops = plan_copies(files, have)
-    workers = settings.workers
-    job = CopyJob(
-        str(src),
-        str(dest),
-        settings.options,
-        threads=workers,
-        direct_reads=settings.direct_reads,
-        kernel_copy=settings.kernel_copy,
+    job, processes = shape(
+        CopyJob(
+            str(src),
+            str(dest),
+            settings.options,
+            threads=settings.workers,
+            direct_reads=settings.direct_reads,
+            kernel_copy=settings.kernel_copy,
+        ),
+        [op.entry.size for op in ops],
+        workers=settings.workers,
+        processes=settings.processes,
+        local_size=topo.local_size,
+        source_cached=settings.source_cached,
+        memory_bytes=settings.memory_bytes,
     )
-    if settings.source_cached and job.buffered:
-        workers = min(workers, os.cpu_count() or 1)
-    automatic = 1 if job.buffered else auto_processes(len(ops), topo)
-    processes = max(1, min(settings.processes or automatic, workers))
-    depth = read_ahead_depth(workers, len(ops))
-    if not job.buffered:
-        workers, depth = fit_in_memory(workers, [op.entry.size for op in ops], settings.memory_bytes)
-        processes = min(processes, workers)
-    job = replace(job, threads=-(-workers // processes), read_ahead=depth)
     make_folders(str(dest), [staged_path(op.entry.path, settings.options) for op in ops])
     with StageProgress(
         settings.progress, len(ops), sum(op.entry.size for op in ops), f"staging {src.name}"
@@ -122,13 +120,6 @@ def find_staged(
         ]
     journal(str(dest)).record_many(found)
     return found
-
-
-def auto_processes(files: int, topo: Topology) -> int:
-    """Worker processes per rank: with many files the Python work per file needs more CPUs."""
-    if files < _MANY_FILES:
-        return 1
-    return max(1, min(8, 2 * (os.cpu_count() or 1) // topo.local_size))
 
 
 def _exchange_directory(

@@ -35,9 +35,9 @@ from mlhpc.common.locks import LOCK_NAME, FolderBusy, folder_lock
 from mlhpc.common.safepath import inside
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
-from mlhpc.staging.copy import JOURNAL_PREFIX, close_journal, read_journals
 from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
 from mlhpc.staging.iopath import IoPlan, choose_io
+from mlhpc.staging.journal import JOURNAL_PREFIX, close_journal, read_journals
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file, scan_dataset
 from mlhpc.staging.plan import Mode, node_files

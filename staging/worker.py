@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.copy import CopyJob, chunks, close_journal, consecutive_runs, copy_chunk, journal
+from mlhpc.staging.copy import CopyJob, chunks, consecutive_runs, copy_chunk
+from mlhpc.staging.journal import close_journal, journal
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.sink import SinkOptions, Staged
 

@@ -32,17 +32,11 @@ from mlhpc.staging import (
     verify_staged,
 )
 from mlhpc.staging import copy as copy_module
-from mlhpc.staging.copy import (
-    JOURNAL_BATCH,
-    MAX_READ_AHEAD,
-    TAIL_PIECE_BYTES,
-    CopyJob,
-    Journal,
-    copy_file,
-    read_ahead_depth,
-    read_spans,
-)
+from mlhpc.staging import journal as journal_module
+from mlhpc.staging.copy import TAIL_PIECE_BYTES, CopyJob, copy_file, read_spans
+from mlhpc.staging.journal import JOURNAL_BATCH, Journal, close_journal, read_journals
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
+from mlhpc.staging.parallel import MAX_READ_AHEAD, read_ahead_depth, run_copies
 from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_exchange, plan_node_copies, rank_files
 from mlhpc.staging.sink import (
     ALIGN,
@@ -51,6 +45,7 @@ from mlhpc.staging.sink import (
     BufferPool,
     FileSink,
     SinkOptions,
+    Staged,
     direct_writes_pay,
     filesystem_type,
     supports_direct_io,
@@ -153,9 +148,9 @@ def test_a_fault_midway_then_a_rerun_completes_it(source: Path, tmp_path: Path) 
 KILLED_STAGING = """
 import os, signal, sys
 from pathlib import Path
-from mlhpc.staging import copy, stage_dataset
+from mlhpc.staging import journal, stage_dataset
 
-record = copy.Journal.record_many
+record = journal.Journal.record_many
 count = [0]
 
 def record_then_die(self, staged):
@@ -164,7 +159,7 @@ def record_then_die(self, staged):
     if count[0] >= int(sys.argv[3]):
         os.kill(os.getpid(), signal.SIGKILL)  # an interruption: no cleanup, no exception
 
-copy.Journal.record_many = record_then_die
+journal.Journal.record_many = record_then_die
 stage_dataset(Path(sys.argv[1]), Path(sys.argv[2]), workers=2)
 """
 
@@ -381,7 +376,7 @@ def test_a_file_whose_size_is_not_its_listing_is_named(tmp_path: Path, listed: i
         StagingError, match=rf"f\.bin (has|gave) \d+ bytes, its listing says {listed}.*regenerate"
     ):
         copy_file(job, FileEntry("f.bin", listed, ""))
-    copy_module.close_journal(job.dest_root)
+    close_journal(job.dest_root)
     assert not list((tmp_path / "dest").rglob("*.bin*"))  # no partial, nothing renamed into place
 
 
@@ -394,19 +389,19 @@ def test_a_small_file_costs_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(os, "readv", lambda fd, buffers: reads.append(fd) or real_readv(fd, buffers))
     job = CopyJob(str(tmp_path / "src"), str(tmp_path / "dest"), SinkOptions(), threads=1)
     staged = copy_file(job, FileEntry("f.bin", len(data), xxhash.xxh3_128(data).hexdigest()))
-    copy_module.close_journal(job.dest_root)
+    close_journal(job.dest_root)
     assert len(reads) == 1  # the short read that brings the listed size is the end: no read for EOF
     assert (tmp_path / "dest" / "f.bin").read_bytes() == data and staged.size == len(data)
 
 
 def test_journal_appends_in_batches_and_on_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(copy_module, "JOURNAL_DELAY_S", 3600.0)  # a slow machine must not flush early
+    monkeypatch.setattr(journal_module, "JOURNAL_DELAY_S", 3600.0)  # a slow machine must not flush early
     journal = Journal(str(tmp_path))
 
     def lines() -> list[str]:
         return Path(journal.path).read_text().splitlines()
 
-    staged = [copy_module.Staged(f"f{i}", i, "c", f"f{i}", "") for i in range(JOURNAL_BATCH + 3)]
+    staged = [Staged(f"f{i}", i, "c", f"f{i}", "") for i in range(JOURNAL_BATCH + 3)]
     for record in staged[: JOURNAL_BATCH - 1]:
         journal.record(record)
     assert lines() == []  # held until a batch is full
@@ -416,7 +411,7 @@ def test_journal_appends_in_batches_and_on_flush(tmp_path: Path, monkeypatch: py
         journal.record(record)
     journal.close()  # writes the rest
     assert [json.loads(line)[0] for line in lines()] == [s.path for s in staged]
-    assert set(copy_module.read_journals(tmp_path)) == {s.source for s in staged}
+    assert set(read_journals(tmp_path)) == {s.source for s in staged}
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux's /proc/self/maps")
@@ -637,8 +632,8 @@ def test_an_interrupted_copy_stops_its_large_files_at_the_next_block(tmp_path: P
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        copy_module.run_copies([CopyOp(e) for e in entries], job, on_done=interrupt)
+        run_copies([CopyOp(e) for e in entries], job, on_done=interrupt)
     assert not list((tmp_path / "dest").rglob("*.mlhpc-partial"))
     assert not (tmp_path / "dest" / "big0.bin").exists() and not (tmp_path / "dest" / "big1.bin").exists()
     assert not copy_module._stopping  # the next staging into it is not stopped
-    assert len(copy_module.run_copies([CopyOp(e) for e in entries], job)) == 3
+    assert len(run_copies([CopyOp(e) for e in entries], job)) == 3

@@ -19,7 +19,7 @@ from mlhpc.cli import main
 from mlhpc.common.errors import MlhpcError, StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
 from mlhpc.staging.archive import ArchiveExtractor, build_archive_manifest, sidecar_manifest
-from mlhpc.staging.copy import close_journal
+from mlhpc.staging.journal import close_journal
 from mlhpc.staging.sink import SinkOptions
 from tests.conftest import dataset_files, mlhpc_cli
 

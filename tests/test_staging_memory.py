@@ -1,9 +1,9 @@
-"""The direct path sizes its buffers to the memory the node may use (`copy.fit_in_memory`)."""
+"""The direct path sizes its buffers to the memory the node may use (`parallel.fit_in_memory`)."""
 
 from __future__ import annotations
 
-from mlhpc.staging.copy import fit_in_memory, read_ahead_depth
 from mlhpc.staging.iopath import decide
+from mlhpc.staging.parallel import fit_in_memory, read_ahead_depth
 from mlhpc.staging.sink import BUFFER_BYTES
 
 MIB = 1 << 20

@@ -13,7 +13,7 @@ import pytest
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset
-from mlhpc.staging.copy import JOURNAL_PREFIX, read_journals
+from mlhpc.staging.journal import JOURNAL_PREFIX, read_journals
 from mlhpc.staging.manifest import Manifest, hash_file, list_dataset_files, scan_dataset
 
 
@@ -120,7 +120,7 @@ def test_journal_records_leaving_dest_are_ignored(tmp_path: Path, caplog: pytest
         ["d.bin", "3", "c", "d.bin", "c"],  # a size that is not a number
         {"path": "e.bin"},  # not a record at all (its whole file parses as one JSON list)
     )
-    with caplog.at_level(logging.WARNING, logger="mlhpc.staging.copy"):
+    with caplog.at_level(logging.WARNING, logger="mlhpc.staging.journal"):
         found = read_journals(dest)
     assert list(found) == ["a.bin"] and list(found["a.bin"].__dict__.values()) == good
     assert f"{journal}: record '../escape.bin' climbs out with '..'" in caplog.text
