@@ -1,0 +1,110 @@
+"""The HTML page of `mlhpc check --report DIR`, opened in a real browser (headless Chromium).
+
+The page is rendered, its DOM after load is read back and the browser's console is watched: the
+plots must be there as drawn elements and nothing may complain. The screenshot is the one in
+docs/img/check_report.png (`MLHPC_UPDATE_DOCS_IMAGES=1 pytest tests/test_report_browser.py`
+writes it there).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mlhpc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+CLEMSON = ROOT / "tests" / "data" / "hpc_v3.0_openfold" / "Clemson"
+DOCS_IMAGE = ROOT / "docs" / "img" / "check_report.png"
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)"
+)
+
+CONSOLE = re.compile(r":CONSOLE[(:]|Uncaught|Failed to load resource|net::ERR_")
+"""What Chromium writes to stderr (--enable-logging=stderr) for a console message, a script error
+or a resource that would not load; its own start-up noise (D-Bus, GPU, sandbox) never matches."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    dom: str
+    """The document as the browser holds it after load (--dump-dom)."""
+    console: list[str]
+    """Console messages, script errors and failed loads, one stderr line each."""
+    screenshot: Path
+
+
+def render(page: Path, screenshot: Path, width: int = 1000, height: int = 1300) -> Rendered:
+    """Open `page` in headless Chromium twice: once for the DOM and the console, once for a PNG."""
+    assert CHROMIUM is not None
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run"]
+    common += [f"--user-data-dir={screenshot.parent / 'chromium-profile'}", "--virtual-time-budget=3000"]
+    url = page.resolve().as_uri()
+    dumped = subprocess.run(
+        [*common, "--enable-logging=stderr", "--v=0", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    subprocess.run(
+        [*common, f"--window-size={width},{height}", f"--screenshot={screenshot}", url],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    console = [line for line in dumped.stderr.splitlines() if CONSOLE.search(line)]
+    return Rendered(dom=dumped.stdout, console=console, screenshot=screenshot)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_check_report_renders_with_its_plots_and_no_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A real v3.0 entry (ten openfold runs, an RCP pass with a scaling factor), checked as a user would.
+    shutil.copytree(CLEMSON, tmp_path / "Clemson")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "Clemson", "--ruleset", "3.0.0", "--report", "report"]) == 0
+    capsys.readouterr()
+
+    shown = render(tmp_path / "report" / "index.html", tmp_path / "check_report.png")
+
+    assert shown.console == [], "the browser reported:\n" + "\n".join(shown.console)
+    dom = shown.dom
+    assert dom.count("<svg") == 2, "a convergence plot and an RCP plot"
+    assert dom.count("<polyline") == 10, "one convergence curve per run"
+    assert "target eval_accuracy &gt;= 0.8" in dom
+    assert dom.count('class="dropped"') == 2 and "263.520317" in dom
+    assert png_size(shown.screenshot) == (1000, 1300)
+    assert shown.screenshot.stat().st_size > 20_000, "a blank page compresses to almost nothing"
+    if os.environ.get("MLHPC_UPDATE_DOCS_IMAGES"):
+        DOCS_IMAGE.parent.mkdir(exist_ok=True)
+        shutil.copyfile(shown.screenshot, DOCS_IMAGE)
+
+
+def test_a_page_with_a_script_error_is_caught(tmp_path: Path) -> None:
+    """The console watch can fail: the same rendering reports a broken script and a missing image."""
+    page = tmp_path / "broken.html"
+    page.write_text(
+        "<!DOCTYPE html><html><body><p>plot</p><img src='missing.png'>"
+        "<script>console.error('drawn badly'); undefinedFunction();</script></body></html>",
+        encoding="utf-8",
+    )
+    shown = render(page, tmp_path / "broken.png", 400, 300)
+    text = "\n".join(shown.console)
+    assert "drawn badly" in text
+    assert "Uncaught ReferenceError: undefinedFunction is not defined" in text
+    assert "<svg" not in shown.dom and "<p>plot</p>" in shown.dom
