@@ -1,7 +1,9 @@
-"""The reference trainers; importing this package registers every benchmark it ships."""
+"""The reference trainers. Each package's `__init__` holds its catalog facts (torch-free); its
+`functions` module holds the torch side, imported only when a run needs it.
 
-from mlhpc.benchmarks import (
-    cosmoflow,  # noqa: F401
-    deepcam,  # noqa: F401
-    extreme_weather,  # noqa: F401
-)
+The catalog finds them through the `mlhpc.benchmarks` entry points in pyproject.toml, as it
+finds a third party's; this list is what those entry points must declare (a test checks).
+"""
+
+BUILTIN: tuple[str, ...] = ("cosmoflow", "deepcam", "extreme_weather")
+"""The benchmarks mlhpc ships: entry point `<name> = mlhpc.benchmarks.<name>:BENCHMARK`."""

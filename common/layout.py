@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from mlhpc.common import catalog
+
 Scaling = Literal["strong", "weak"]
 SCALINGS: tuple[Scaling, ...] = ("strong", "weak")
 
@@ -30,17 +32,20 @@ SYSTEM_REQUIRED_FIELDS: tuple[str, ...] = (
     "sw_notes",
 )
 
-# Runs a score needs for benchmarks that mlperf_logging does not know; the MLPerf HPC
-# ones (cosmoflow 10, deepcam 5, oc20 5, openfold 10) come from mlperf_logging itself.
-OWN_RESULT_COUNTS: dict[str, int] = {"extreme_weather": 5}
-
 
 def required_run_count(benchmark: str) -> int | None:
-    """Runs a strong-scaling score needs (weak: at least this many models); None if unknown."""
+    """Runs a strong-scaling score needs (weak: at least this many models); None if unknown.
+
+    The MLPerf HPC benchmarks' counts (cosmoflow 10, deepcam 5, oc20 5, openfold 10) are
+    mlperf_logging's, as the official checker's; the others' come from the catalog.
+    """
     from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
 
-    counts = {**_ALL_RESULT_FILE_COUNTS["hpc"], **OWN_RESULT_COUNTS}
-    return counts.get(benchmark)
+    official = _ALL_RESULT_FILE_COUNTS["hpc"].get(benchmark)
+    if official is not None:
+        return official
+    found = catalog.find(benchmark)
+    return None if found is None else found.strong_run_count
 
 
 def system_json_path(org_dir: Path, system: str) -> Path:

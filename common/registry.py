@@ -1,26 +1,32 @@
-"""The registry of benchmarks: each is a small frozen spec of functions the shared loop calls."""
+"""Benchmarks as the shared loop sees them: a catalog entry's facts bound to its torch functions.
+
+`info(name)` / `names()` are the catalog's and never import torch; `get(name)` imports the
+benchmark's functions module (torch) the first time a run needs it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from mlhpc.common import catalog
+from mlhpc.common.catalog import BenchmarkInfo, Division, MemoryFormat, Target, info, names
 from mlhpc.common.errors import ConfigError
 
-
-@dataclass(frozen=True, kw_only=True)
-class Target:
-    """The quality a run must reach: the MLLOG metric key and which way is better."""
-
-    metric: str
-    """MLLOG key the evaluation is logged under, e.g. eval_error or eval_accuracy."""
-    direction: Literal["min", "max"]
-    """min: reached when value <= threshold; max: reached when value >= threshold."""
-
-    def reached(self, value: float, threshold: float) -> bool:
-        return value <= threshold if self.direction == "min" else value >= threshold
+__all__ = [
+    "Benchmark",
+    "BenchmarkFunctions",
+    "BenchmarkInfo",
+    "DataBundle",
+    "Target",
+    "get",
+    "info",
+    "names",
+    "register",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,15 +46,9 @@ class DataBundle:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Benchmark:
-    """A benchmark as the shared loop sees it. Every field is a plain function or value."""
+class BenchmarkFunctions:
+    """A benchmark's torch side: the plain functions the shared loop and the runner call."""
 
-    name: str
-    config_class: type
-    configs_dir: Path
-    target: Target
-    strong_run_count: int
-    """Runs a strong-scaling score needs (olympic mean over them)."""
     generate: Callable[..., Any]
     """generate(cfg, out_dir, num_samples=None, seed=0): synthetic data in the real format."""
     validate_dataset: Callable[..., Any]
@@ -65,48 +65,85 @@ class Benchmark:
     """evaluate(model, loader, ctx) -> the metric over all ranks' validation shards."""
     hyperparameters: Callable[..., dict[str, Any]]
     """hyperparameters(cfg, ctx) -> {MLLOG key: value} logged before init_stop."""
-    default_division: Callable[..., Literal["closed", "open"]] | None = None
-    """default_division(cfg) -> the division a run goes in when --division is not given (closed
-    when None); e.g. open where the closed rules fix the real dataset's sample counts."""
     run_end_events: Callable[..., dict[str, Any]] | None = None
     """run_end_events(cfg, result: RunResult) -> {MLLOG key: value} logged just before run_stop."""
-    memory_format: Literal["contiguous", "channels_last", "channels_last_3d"] = "contiguous"
-    """The layout the model runs fastest in on a GPU (loop.memory_format=auto picks it there)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Benchmark(BenchmarkFunctions):
+    """A catalog entry with its functions bound: what `get(name)` returns and the loop runs.
+
+    The facts stay in `info` (one place each); the properties below read them from there.
+    """
+
+    info: BenchmarkInfo
+
+    @classmethod
+    def bind(cls, info: BenchmarkInfo, functions: BenchmarkFunctions) -> Benchmark:
+        fields = {f.name: getattr(functions, f.name) for f in dataclasses.fields(BenchmarkFunctions)}
+        return cls(info=info, **fields)
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def config_class(self) -> type:
+        return self.info.config_class
+
+    @property
+    def configs_dir(self) -> Path:
+        return self.info.configs_dir
+
+    @property
+    def target(self) -> Target:
+        return self.info.target
+
+    @property
+    def default_division(self) -> Callable[[Any], Division] | None:
+        return self.info.default_division
+
+    @property
+    def memory_format(self) -> MemoryFormat:
+        return self.info.memory_format
 
     def config_path(self, name_or_path: str) -> Path:
         """'mini' / 'full' name a packaged config; anything else is a path to a YAML file."""
-        candidate = self.configs_dir / f"{name_or_path}.yaml"
-        if candidate.is_file():
-            return candidate
-        path = Path(name_or_path)
-        if path.is_file():
-            return path
-        known = ", ".join(sorted(p.stem for p in self.configs_dir.glob("*.yaml")))
-        raise ConfigError(f"no config {name_or_path!r} for {self.name}; known: {known}, or a YAML path")
+        return self.info.config_path(name_or_path)
 
 
-_REGISTRY: dict[str, Benchmark] = {}
+# Benchmarks with their functions bound in this process: by get(), or given whole to register().
+_BOUND: dict[str, Benchmark] = {}
 
 
-def register(benchmark: Benchmark) -> Benchmark:
-    if benchmark.name in _REGISTRY:
-        raise ValueError(f"benchmark {benchmark.name!r} is registered twice")
-    _REGISTRY[benchmark.name] = benchmark
+def register(benchmark: Benchmark | BenchmarkInfo) -> Benchmark | BenchmarkInfo:
+    """Adds a benchmark to this process's catalog (a script's or a test's own; installed packages
+    use the entry point group instead); a name already known is refused, naming both."""
+    facts = benchmark.info if isinstance(benchmark, Benchmark) else benchmark
+    catalog.installed().add(facts, "register() in this process")
+    if isinstance(benchmark, Benchmark):
+        _BOUND[facts.name] = benchmark
     return benchmark
 
 
 def get(name: str) -> Benchmark:
-    _load_builtin()
+    """Benchmark `name` with its torch functions (imported now); ConfigError naming the known ones."""
+    facts = info(name)
+    bound = _BOUND.get(name)
+    if bound is None:
+        bound = _BOUND[name] = Benchmark.bind(facts, load_functions(facts))
+    return bound
+
+
+def load_functions(facts: BenchmarkInfo) -> BenchmarkFunctions:
+    """The BenchmarkFunctions that `facts.functions` names; ConfigError (one line) if it cannot."""
     try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"no benchmark {name!r}; known: {', '.join(names())}") from None
-
-
-def names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin() -> None:
-    import mlhpc.benchmarks  # noqa: F401  (registers the benchmarks it ships)
+        functions = catalog.load_object(facts.functions)
+    except ConfigError as e:
+        raise ConfigError(f"benchmark {facts.name}: {e}; check its functions= or reinstall it") from e
+    if not isinstance(functions, BenchmarkFunctions):
+        raise ConfigError(
+            f"benchmark {facts.name}: {facts.functions} is a {type(functions).__name__}, "
+            "not a BenchmarkFunctions"
+        )
+    return functions

@@ -27,11 +27,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # for tests.toy_benchmark; an installed mlhpc comes first
 
-from mlhpc.benchmarks.cosmoflow import COSMOFLOW  # noqa: E402
+from mlhpc.common import registry  # noqa: E402
 from mlhpc.common.config import load_config  # noqa: E402
 from mlhpc.common.distributed import DistContext, init_distributed  # noqa: E402
 from mlhpc.common.registry import DataBundle  # noqa: E402
 from tests.toy_benchmark import run_toy  # noqa: E402
+
+COSMOFLOW = registry.get("cosmoflow")
 
 
 def make_batches(cfg: Any, steps: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -15,7 +15,6 @@ import copy
 import functools
 import hashlib
 import importlib
-import importlib.util
 import inspect
 import logging
 import multiprocessing
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import safe_read
+from mlhpc.common import catalog, safe_read
 from mlhpc.common.errors import SubmissionError
 
 from .logparse import RunLog, find_line, parse_log
@@ -40,10 +39,6 @@ MIN_FILES_FOR_POOL = 300
 # The largest published HPC result log is 1.3 MB; a file this big is not a log, and the engine
 # would read all of it into memory.
 MAX_RESULT_BYTES = 32 * 2**20
-
-# This project's benchmarks that mlperf_logging has no rules for: their rule file, relative to the
-# `mlhpc.benchmarks` folder (found without importing it, which would import torch).
-OWN_RULES = {"extreme_weather": "extreme_weather/closed_extreme_weather.yaml"}
 
 _log = logging.getLogger(__name__)
 _FAILED_IN_LINE = re.compile(r"failed in line (\d+)")
@@ -207,18 +202,15 @@ def _shorten(message: str, path: str, log: RunLog | None) -> ComplianceMessage:
 
 
 def own_rules(benchmark: str | None) -> Path | None:
-    """The rule file this project ships for `benchmark`, or None for mlperf_logging's own benchmarks."""
-    if benchmark not in OWN_RULES:
+    """The rule file the catalog gives for `benchmark`, or None for mlperf_logging's own rules."""
+    found = catalog.find(benchmark) if benchmark is not None else None
+    if found is None or found.rules_file is None:
         return None
-    spec = importlib.util.find_spec("mlhpc.benchmarks")
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in folders:
-        path = Path(folder) / OWN_RULES[benchmark]
-        if path.is_file():
-            return path.resolve()
-    raise SubmissionError(
-        f"the rule file {OWN_RULES[benchmark]} of {benchmark} is not installed; reinstall mlhpc"
-    )
+    if not found.rules_file.is_file():
+        raise SubmissionError(
+            f"the rule file {found.rules_file} of {benchmark} is not installed; reinstall its package"
+        )
+    return found.rules_file.resolve()
 
 
 def run_engine(path: str, ruleset: str, log: RunLog | None = None) -> tuple[bool, list[ComplianceMessage]]:

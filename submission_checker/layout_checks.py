@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import safe_read
+from mlhpc.common import catalog, safe_read
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import (
-    OWN_RESULT_COUNTS,
     SCALINGS,
     SYSTEM_REQUIRED_FIELDS,
     Scaling,
@@ -189,14 +188,16 @@ def _pruned_files(bench_dir: Path, scaling: Scaling, root: Path, findings: list[
 
 
 def known_benchmarks(ruleset: str) -> list[str]:
-    """Benchmarks mlperf_logging allows under `ruleset`, plus this project's own."""
+    """Benchmarks mlperf_logging allows under `ruleset`, plus the catalog's that bring their own
+    rule file (the others can only be checked under mlperf_logging's rules)."""
     from mlperf_logging.benchmark_meta import get_allowed_benchmarks
 
     try:
         allowed = list(get_allowed_benchmarks("hpc", ruleset))
     except ValueError:
         allowed = []
-    return sorted({*allowed, *OWN_RESULT_COUNTS})
+    own = [name for name in catalog.names() if catalog.info(name).rules_file is not None]
+    return sorted({*allowed, *own})
 
 
 def _read_system_json(path: Path, root: Path) -> tuple[Any, Finding | None]:

@@ -16,6 +16,7 @@ from mlhpc.common import registry
 from mlhpc.common.config import load_config
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError, DataError
+from mlhpc.common.layout import required_run_count
 from mlhpc.common.loop import RunResult
 from mlhpc.common.registry import DataBundle
 
@@ -52,9 +53,10 @@ def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data.generate(cfg, tmp_path_factory.mktemp("ew") / "data", seed=3)
 
 
-def test_registered_with_the_layout_run_count() -> None:
+def test_catalog_entry_gives_the_checker_its_run_count() -> None:
     bench = registry.get("extreme_weather")
-    assert bench.strong_run_count == 5
+    assert bench.info.strong_run_count == 5
+    assert required_run_count("extreme_weather") == 5  # not in mlperf_logging: the catalog's
     assert (bench.target.metric, bench.target.direction) == ("eval_accuracy", "max")
     assert bench.run_end_events is train.run_end_events
 

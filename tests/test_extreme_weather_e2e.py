@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.benchmarks.extreme_weather import RULES_FILE
 from mlhpc.benchmarks.extreme_weather.train import valid_flops
+from mlhpc.common import catalog
 
 from .conftest import mlhpc_cli, mllog_events, official_compliance
+
+RULES_FILE = catalog.info("extreme_weather").rules_file
+assert RULES_FILE is not None
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from mlhpc.benchmarks.cosmoflow import COSMOFLOW
 from mlhpc.benchmarks.cosmoflow import train as cosmo_train
+from mlhpc.common import registry
 from mlhpc.common.distributed import DistContext, init_distributed
 from mlhpc.common.loop import resolve_memory_format, to_device
 from tests.conftest import mllog_events
@@ -216,10 +216,11 @@ def test_compiled_model_trains_and_counts_flops(ctx: DistContext) -> None:
 
 def test_memory_format_follows_the_benchmark_on_a_gpu_only() -> None:
     loop = make_config().loop
-    assert resolve_memory_format(loop, COSMOFLOW, torch.device("cpu")) == "contiguous"
-    assert resolve_memory_format(loop, COSMOFLOW, torch.device("cuda")) == "channels_last_3d"
+    cosmoflow = registry.get("cosmoflow")
+    assert resolve_memory_format(loop, cosmoflow, torch.device("cpu")) == "contiguous"
+    assert resolve_memory_format(loop, cosmoflow, torch.device("cuda")) == "channels_last_3d"
     forced = dataclasses.replace(loop, memory_format="contiguous")
-    assert resolve_memory_format(forced, COSMOFLOW, torch.device("cuda")) == "contiguous"
+    assert resolve_memory_format(forced, cosmoflow, torch.device("cuda")) == "contiguous"
     cube, target = to_device(
         (torch.zeros(2, 4, 3, 3, 3), torch.zeros(2, 4)), torch.device("cpu"), "channels_last_3d"
     )

@@ -1,7 +1,9 @@
 """A toy benchmark for the loop's tests: linear regression with a few parameters, data in memory.
 
 It goes through the real loop, the real torch loaders (DistributedSampler shards) and real DDP;
-only the model and the data are small. It is registered only where a test asks for it.
+only the model and the data are small. It has the two halves of any benchmark, a torch-free
+catalog entry (TOY_INFO) and its functions (FUNCTIONS), bound together as TOY; no entry point
+declares it, so only a test that registers it can get it by name.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mlhpc.common.loaders import torch_data_bundle
 from mlhpc.common.loop import StagedData, SubmissionInfo, to_device, train_to_target
 from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.mllogger import MLLog
-from mlhpc.common.registry import Benchmark, DataBundle, Target
+from mlhpc.common.registry import Benchmark, BenchmarkFunctions, BenchmarkInfo, DataBundle, Target
 from mlhpc.common.schedules import WarmupSchedule, build_lr_scheduler
 
 FEATURES = 8
@@ -122,12 +124,17 @@ def hyperparameters(cfg: ToyConfig, ctx: DistContext) -> dict[str, Any]:
     return {"global_batch_size": cfg.loop.global_batch_size, "opt_base_learning_rate": cfg.optimizer.lr}
 
 
-TOY = Benchmark(
+TOY_INFO = BenchmarkInfo(
     name="toy",
     config_class=ToyConfig,
     configs_dir=Path(__file__).parent,
     target=Target(metric="eval_error", direction="min"),
     strong_run_count=1,
+    functions="tests.toy_benchmark:FUNCTIONS",
+)
+"""The toy's catalog entry: the facts, importable without torch in a real benchmark's package."""
+
+FUNCTIONS = BenchmarkFunctions(
     generate=lambda *args, **kwargs: None,
     validate_dataset=lambda *args, **kwargs: None,
     build_model=build_model,
@@ -137,6 +144,9 @@ TOY = Benchmark(
     evaluate=evaluate,
     hyperparameters=hyperparameters,
 )
+"""The toy's torch side, which `registry.get` would bind to TOY_INFO."""
+
+TOY = Benchmark.bind(TOY_INFO, FUNCTIONS)
 
 SUBMISSION = SubmissionInfo(org="tests", platform="toy")
 

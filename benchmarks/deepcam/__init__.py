@@ -1,27 +1,29 @@
 """DeepCAM (MLPerf HPC): DeepLabv3+ segmentation of cyclones and atmospheric rivers, target IoU 0.82."""
 
 from pathlib import Path
+from typing import Literal
 
-from mlhpc.benchmarks.deepcam import data, model, train
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
-from mlhpc.common.registry import Benchmark, Target, register
+from mlhpc.common.catalog import BenchmarkInfo, Target
 
-DEEPCAM = register(
-    Benchmark(
-        name="deepcam",
-        config_class=DeepCamConfig,
-        configs_dir=Path(__file__).parent / "configs",
-        target=Target(metric="eval_accuracy", direction="max"),
-        strong_run_count=5,
-        generate=data.generate,
-        validate_dataset=data.validate_dataset,
-        build_model=model.build_model,
-        build_data=data.build_data,
-        build_optimizer=train.build_optimizer,
-        compute_loss=train.compute_loss,
-        evaluate=data.evaluate,
-        hyperparameters=train.hyperparameters,
-        default_division=train.default_division,
-        memory_format="channels_last",  # NHWC, as NVIDIA's DeepCAM submissions train it
-    )
+# The closed rules (hpc_3.0.0/closed_deepcam.yaml) require the real dataset's sample counts.
+REAL_TRAIN_SAMPLES = 121_266
+REAL_EVAL_SAMPLES = 15_158
+
+
+def default_division(cfg: DeepCamConfig) -> Literal["closed", "open"]:
+    """closed for the real dataset's sizes; open for smaller ones (mini), which closed rules refuse."""
+    real = (cfg.data.num_train_samples, cfg.data.num_eval_samples) == (REAL_TRAIN_SAMPLES, REAL_EVAL_SAMPLES)
+    return "closed" if real else "open"
+
+
+BENCHMARK = BenchmarkInfo(
+    name="deepcam",
+    config_class=DeepCamConfig,
+    configs_dir=Path(__file__).parent / "configs",
+    target=Target(metric="eval_accuracy", direction="max"),
+    strong_run_count=5,
+    functions="mlhpc.benchmarks.deepcam.functions:FUNCTIONS",
+    default_division=default_division,
+    memory_format="channels_last",  # NHWC, as NVIDIA's DeepCAM submissions train it
 )

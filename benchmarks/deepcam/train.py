@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -90,14 +90,3 @@ def hyperparameters(cfg: DeepCamConfig, ctx: DistContext) -> dict[str, Any]:
         keys |= {"scheduler_t_max": opt.t_max, "scheduler_eta_min": opt.eta_min}
     keys["num_workers"] = cfg.data.num_workers
     return keys
-
-
-# The closed rules (hpc_3.0.0/closed_deepcam.yaml) require the real dataset's sample counts.
-REAL_TRAIN_SAMPLES = 121_266
-REAL_EVAL_SAMPLES = 15_158
-
-
-def default_division(cfg: DeepCamConfig) -> Literal["closed", "open"]:
-    """closed for the real dataset's sizes; open for smaller ones (mini), which closed rules refuse."""
-    real = (cfg.data.num_train_samples, cfg.data.num_eval_samples) == (REAL_TRAIN_SAMPLES, REAL_EVAL_SAMPLES)
-    return "closed" if real else "open"

@@ -1,0 +1,160 @@
+"""The import rules: common/ is the bottom layer; staging, the checker and the catalog run without torch.
+
+A login node has no torch: `mlhpc check`, `mlhpc stage` and the validation of a Slurm campaign
+must work there. Static rules read the source (AST); runtime rules import in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Where common/ must never reach: the benchmarks (torch, and the catalog finds them through entry
+# points) and the command line (which imports everything).
+FORBIDDEN_IN_COMMON = ("mlhpc.benchmarks", "mlhpc.cli", "mlhpc.commands")
+# Modules that are torch by design, imported only when chosen (the torch.distributed communicator).
+TORCH_BY_DESIGN = {"mlhpc.staging.torch_comm"}
+
+
+def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every import in `source`, relative ones resolved against `package`, and
+    of every `importlib.import_module("literal")`."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def forbidden(module: str) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in FORBIDDEN_IN_COMMON)
+
+
+def test_the_static_rule_sees_each_kind_of_import() -> None:
+    source = (
+        "import mlhpc.benchmarks.cosmoflow\n"
+        "from mlhpc.cli import main\n"
+        "from .. import commands\n"
+        "def f():\n    importlib.import_module('mlhpc.benchmarks')\n"
+        "from mlhpc.common import catalog\n"
+        "from .errors import ConfigError\n"
+    )
+    found = imported_modules(source, "mlhpc.common")
+    assert [line for line, module in found if forbidden(module)] == [1, 2, 3, 5]
+
+
+def test_common_imports_neither_the_benchmarks_nor_the_cli() -> None:
+    common = REPO / "common"
+    broken = []
+    for path in sorted(common.rglob("*.py")):
+        package = ".".join(["mlhpc", "common", *path.relative_to(common).parent.parts])
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
+            if forbidden(module):
+                broken.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+    assert not broken, broken
+
+
+_IMPORT_EACH = """
+import importlib, json, pkgutil, sys
+exempt = set(json.loads(sys.argv[2]))
+package = importlib.import_module(sys.argv[1])
+names = [sys.argv[1]] + sorted(
+    m.name for m in pkgutil.walk_packages(package.__path__, sys.argv[1] + ".") if m.name not in exempt
+)
+pulled = None
+for name in names:
+    importlib.import_module(name)
+    if pulled is None and "torch" in sys.modules:
+        pulled = name
+print(json.dumps({"imported": names, "first_with_torch": pulled}))
+"""
+
+
+def import_each(package: str) -> dict:
+    """Import each module of `package` in turn in a fresh interpreter: which one brought torch in."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, package, json.dumps(sorted(TORCH_BY_DESIGN))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("package", ["mlhpc.staging", "mlhpc.submission_checker"])
+def test_login_node_packages_import_no_torch(package: str) -> None:
+    result = import_each(package)
+    assert len(result["imported"]) > 3, result
+    assert result["first_with_torch"] is None, f"{result['first_with_torch']} imports torch"
+
+
+def test_the_torch_communicator_is_the_staging_module_exempt_by_name() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, mlhpc.staging.torch_comm; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.stdout.strip() == "True", proc.stderr  # else drop it from TORCH_BY_DESIGN
+
+
+_CATALOG_USE = """
+import json, sys
+from mlhpc.common import catalog, registry
+from mlhpc.common.config import load_config
+from mlhpc.common.layout import required_run_count
+from mlhpc.submission_checker.compliance import own_rules
+from mlhpc.submission_checker.layout_checks import known_benchmarks
+seen = {}
+for name in registry.names():
+    facts = registry.info(name)
+    for config in ("mini", "full"):
+        cfg = load_config(facts.config_class, facts.config_path(config), [])
+        seen[f"{name}/{config}"] = facts.division_for(cfg)
+    seen[name] = [required_run_count(name), str(own_rules(name))]
+seen["known"] = known_benchmarks("3.0.0")
+seen["torch_without_get"] = "torch" in sys.modules
+registry.get("cosmoflow")
+seen["torch_after_get"] = "torch" in sys.modules
+print(json.dumps(seen))
+"""
+
+
+def test_catalog_facts_and_configs_load_without_torch_until_get() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CATALOG_USE], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen["torch_without_get"] is False
+    assert seen["torch_after_get"] is True  # the detector works: get() binds the torch functions
+    assert seen["deepcam/mini"] == "open" and seen["deepcam/full"] == "closed"
+    assert seen["extreme_weather"][0] == 5 and seen["extreme_weather"][1].endswith(
+        "closed_extreme_weather.yaml"
+    )
+    assert "extreme_weather" in seen["known"] and "cosmoflow" in seen["known"]
