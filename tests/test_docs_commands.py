@@ -205,3 +205,30 @@ def test_launcher_prefixes_and_shell_syntax_are_read() -> None:
     assert argv("sbatch scripts/slurm/train.sbatch") == []
     assert parse_problem(["run", "cosmoflow", "--out", "r/", "loop.max_epochs=3"]) is None
     assert parse_problem(["check", "d", "loop.max_epochs=3"]) == "unrecognized arguments: loop.max_epochs=3"
+
+
+def test_the_readme_test_command_is_what_ci_runs() -> None:
+    """README's "two commands": the second is the line `.ci/run` runs (the two are kept in sync)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    blocks = [lines for _, language, lines in shell_blocks(section) if language == "bash"]
+    assert len(blocks) == 2 and all(len(lines) == 1 for lines in blocks), blocks
+    install_and_run, install_and_test = blocks[0][0], blocks[1][0]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    marked = ci.split("# --- the README's test command", 1)[1].split("\n# ---", 1)[0]
+    assert install_and_test in marked.splitlines(), f".ci/run does not run the README's {install_and_test!r}"
+    assert install_and_run.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
+
+
+def test_every_relative_link_in_the_docs_leads_somewhere() -> None:
+    """Links and images to files of the repository (a moved page or a missing picture fails here)."""
+    missing = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for number, line in enumerate(text.splitlines(), start=1):
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                    continue
+                if not (path.parent / target.split("#", 1)[0]).exists():
+                    missing.append(f"{path.relative_to(ROOT)}:{number}: {target}")
+    assert not missing, "links to files that do not exist:\n" + "\n".join(missing)
