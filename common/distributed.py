@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.launch import LaunchInfo, detect_launch
+from mlhpc.common.launch import LaunchInfo, NodeLayout, detect_launch, node_layout, uniform_layout
 
 Backend = Literal["auto", "gloo", "nccl", "horovod"]
 
@@ -39,6 +39,8 @@ class DistContext:
     """The process group of this context's collectives (None: the whole job)."""
     instance: int | None = None
     """Which model instance this rank trains in a weak-scaling job (None: one model)."""
+    layout: NodeLayout | None = None
+    """Which ranks share a node, from their host names (None: not gathered; see `node_layout`)."""
     _hvd: Any = field(default=None, repr=False)
 
     @property
@@ -48,6 +50,11 @@ class DistContext:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def node_layout(self) -> NodeLayout:
+        """Which ranks share a node: as gathered at init, else runs of `local_world_size` ranks."""
+        return self.layout or uniform_layout(self.rank, self.world_size, self.local_world_size)
 
     def barrier(self) -> None:
         if not self.distributed:
@@ -145,6 +152,7 @@ class DistContext:
             groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(instances)]
             group = groups[instance]
         local_size = min(self.local_world_size, size)
+        first = instance * size
         return DistContext(
             rank=self.rank % size,
             local_rank=self.local_rank % local_size,
@@ -156,6 +164,7 @@ class DistContext:
             launcher=self.launcher,
             group=group,
             instance=instance if instances > 1 else None,
+            layout=self.node_layout.within(range(first, first + size)),
         )
 
     def wrap_optimizer(
@@ -224,7 +233,8 @@ def init_distributed(
             world_size=launch.world_size,
             timeout=datetime.timedelta(minutes=10),
         )
-    context.node_group, context.num_nodes = _node_group(launch.rank)
+    context.layout = gather_node_layout(launch.rank)
+    context.node_group, context.num_nodes = _node_group(context.layout), context.layout.num_nodes
     return context
 
 
@@ -259,17 +269,17 @@ def _rendezvous(launch: LaunchInfo) -> tuple[str, int]:
     return host, launch.master_port
 
 
-def _node_group(rank: int) -> tuple[Any, int]:
-    """One process group per host; every rank must create every group, in the same order."""
+def gather_node_layout(rank: int) -> NodeLayout:
+    """Which ranks share a node, from every rank's host name (a collective on the default group)."""
     hosts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
-    mine = None
-    unique_hosts = sorted(set(hosts))
-    for host in unique_hosts:
-        group = dist.new_group([r for r, h in enumerate(hosts) if h == host])
-        if hosts[rank] == host:
-            mine = group
-    return mine, len(unique_hosts)
+    return node_layout(hosts, rank)
+
+
+def _node_group(layout: NodeLayout) -> Any:
+    """This rank's node's process group; every rank must create every group, in the same order."""
+    groups = [dist.new_group(list(ranks)) for ranks in layout.nodes]
+    return groups[layout.node]
 
 
 def _init_horovod(device: str) -> DistContext:

@@ -1,4 +1,5 @@
-"""Where this process sits in a job, read from the launcher's environment (pure, no torch).
+"""Where this process sits in a job, read from the launcher's environment (pure, no torch),
+and which ranks share a node (`NodeLayout`, from every rank's host name).
 
 Understood launchers: torchrun, mpirun (Open MPI, MPICH/Intel MPI PMI), srun, and a plain
 single process.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,6 +38,67 @@ class LaunchInfo:
     @property
     def node_rank(self) -> int:
         return self.rank // max(1, self.local_world_size)
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Which ranks share a node: every node's ranks, nodes in the order of their first rank, and
+    this process's rank. Worked out once for a job (`node_layout`); the trainers' node groups
+    and the staging communicator are both built from it."""
+
+    nodes: tuple[tuple[int, ...], ...]
+    rank: int
+
+    def __post_init__(self) -> None:
+        ranks = sorted(r for node in self.nodes for r in node)
+        if ranks != list(range(len(ranks))) or self.rank not in ranks or not all(self.nodes):
+            raise ValueError(f"nodes={self.nodes} rank={self.rank}: every rank 0..N-1 once, on a node")
+
+    @property
+    def node(self) -> int:
+        """This rank's node index."""
+        return next(i for i, ranks in enumerate(self.nodes) if self.rank in ranks)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def local_rank(self) -> int:
+        return self.nodes[self.node].index(self.rank)
+
+    @property
+    def local_size(self) -> int:
+        return len(self.nodes[self.node])
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(ranks) for ranks in self.nodes)
+
+    def each_rank_a_node(self) -> NodeLayout:
+        """Every rank its own node (a one-machine stand-in for a cluster)."""
+        return NodeLayout(tuple((r,) for r in range(self.world_size)), self.rank)
+
+    def within(self, ranks: Sequence[int]) -> NodeLayout:
+        """The layout of a sub-job of `ranks` (this rank among them), renumbered 0.. in their order."""
+        number = {r: i for i, r in enumerate(ranks)}
+        nodes = tuple(kept for node in self.nodes if (kept := tuple(number[r] for r in node if r in number)))
+        return NodeLayout(nodes, number[self.rank])
+
+
+def node_layout(hosts: Sequence[str], rank: int) -> NodeLayout:
+    """The layout from every rank's host name (indexed by rank): ranks with one host share a node."""
+    names = list(dict.fromkeys(hosts))  # nodes in the order of their first rank
+    return NodeLayout(tuple(tuple(r for r, h in enumerate(hosts) if h == name) for name in names), rank)
+
+
+def uniform_layout(rank: int, world_size: int, local_size: int) -> NodeLayout:
+    """The layout when no host names were gathered (Horovod, a context made by hand): runs of
+    `local_size` consecutive ranks, as launchers place them."""
+    per = max(1, local_size)
+    return NodeLayout(
+        tuple(tuple(range(s, min(s + per, world_size))) for s in range(0, world_size, per)), rank
+    )
 
 
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:

@@ -4,7 +4,8 @@ Torch-free so it runs on a login node; ranks coordinate through a small `Communi
 (torch.distributed or MPI, imported only when used) or, on one node, a barrier callable.
 """
 
-from mlhpc.staging.comm import CallbackComm, Communicator, make_comm
+from mlhpc.staging.comm import CallbackComm, Communicator
+from mlhpc.staging.connect import comm_for, make_comm
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE, resolve_local_dir
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, hash_file
 from mlhpc.staging.plan import MODES, Mode, Topology
@@ -22,6 +23,7 @@ __all__ = [
     "StageReport",
     "Topology",
     "build_manifest",
+    "comm_for",
     "hash_file",
     "make_comm",
     "resolve_local_dir",

@@ -1,24 +1,23 @@
-"""The small communicator staging needs, and the ones without torch or MPI.
+"""The small communicator staging needs, the one without torch or MPI, and the agreement
+helpers every rank runs.
 
 Implementations: `CallbackComm` (one node, a barrier callable: the original API), `TorchComm`
-(`torch.distributed`, in torch_comm.py) and `MpiComm` (mpi4py, in mpi_comm.py); the last two
-are imported only when used, so staging runs on a login node without either.
+(`torch.distributed`, in torch_comm.py) and `MpiComm` (mpi4py, in mpi_comm.py); connect.py
+picks one and imports the last two only when used, so staging runs on a login node without either.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.launch import LaunchInfo, detect_launch
+from mlhpc.common.launch import NodeLayout
 from mlhpc.staging.plan import Topology
 
 log = logging.getLogger(__name__)
-CommKind = Literal["auto", "torch", "mpi"]
 
 
 class Communicator(Protocol):
@@ -94,59 +93,19 @@ class CallbackComm:
         pass
 
 
-def topology_from_hosts(
-    hosts: Sequence[str], rank: int, each_rank_a_node: bool = False
-) -> tuple[Topology, list[list[int]]]:
-    """This rank's topology from every rank's host name, and the peer groups (ranks by node).
-
-    `each_rank_a_node` makes every rank its own node (a one-machine stand-in for a cluster,
-    each rank with its own directory).
-    """
-    if each_rank_a_node:
-        hosts = [f"rank{r}" for r in range(len(hosts))]
-    names = sorted(set(hosts), key=hosts.index)  # nodes in order of their first rank
-    members = [[r for r, h in enumerate(hosts) if h == name] for name in names]
-    node = names.index(hosts[rank])
-    local = members[node]
-    exchange_ranks = min(len(m) for m in members)
+def topology_of(layout: NodeLayout) -> tuple[Topology, list[list[int]]]:
+    """This rank's staging topology and the peer groups: for each local rank that takes part in
+    the exchange (as many as the smallest node has), that local rank's global rank on every node."""
+    exchange_ranks = min(len(ranks) for ranks in layout.nodes)
     topo = Topology(
-        node=node,
-        num_nodes=len(names),
-        local_rank=local.index(rank),
-        local_size=len(local),
+        node=layout.node,
+        num_nodes=layout.num_nodes,
+        local_rank=layout.local_rank,
+        local_size=layout.local_size,
         exchange_ranks=exchange_ranks,
     )
-    peers = [[m[i] for m in members] for i in range(exchange_ranks)]
+    peers = [[ranks[i] for ranks in layout.nodes] for i in range(exchange_ranks)]
     return topo, peers
-
-
-def make_comm(
-    kind: CommKind = "auto", *, each_rank_a_node: bool = False, launch: LaunchInfo | None = None
-) -> Communicator:
-    """The communicator for a `mlhpc stage` process: none for one process, MPI when that is the
-    launcher and mpi4py is installed, else torch.distributed (gloo)."""
-    launch = launch or detect_launch()
-    if launch.world_size == 1 and kind == "auto":
-        return CallbackComm()
-    if kind == "mpi" or (kind == "auto" and launch.launcher == "mpi" and mpi_available()):
-        from mlhpc.staging.mpi_comm import MpiComm
-
-        return MpiComm(each_rank_a_node=each_rank_a_node)
-    from mlhpc.staging.torch_comm import TorchComm
-
-    return TorchComm.launch(launch, each_rank_a_node=each_rank_a_node)
-
-
-def mpi_available() -> bool:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def host_name() -> str:
-    return socket.gethostname()
 
 
 class LostRankError(StagingError):

@@ -5,18 +5,23 @@ Imported only when chosen; mpi4py is optional.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.comm import host_name, topology_from_hosts
+from mlhpc.common.launch import NodeLayout, node_layout, uniform_layout
+from mlhpc.staging.comm import topology_of
 
 
 class MpiComm:
-    """World collectives on COMM_WORLD; the peer group is a split of it by local rank."""
+    """World collectives on COMM_WORLD; the peer group is a split of it by local rank.
+
+    `layout`: the job's node layout when the run has it already (its ranks are COMM_WORLD's);
+    None gathers the host names over MPI."""
 
     collective = True
 
-    def __init__(self, *, each_rank_a_node: bool = False) -> None:
+    def __init__(self, layout: NodeLayout | None = None, *, each_rank_a_node: bool = False) -> None:
         try:
             from mpi4py import MPI
         except ImportError as e:
@@ -28,8 +33,16 @@ class MpiComm:
         self._world: Any = MPI.COMM_WORLD
         self.rank = self._world.Get_rank()
         self.size = self._world.Get_size()
-        hosts = self._world.allgather(host_name())
-        self.topology, peers = topology_from_hosts(hosts, self.rank, each_rank_a_node)
+        if each_rank_a_node:
+            layout = uniform_layout(self.rank, self.size, 1)
+        elif layout is None:
+            layout = node_layout(self._world.allgather(socket.gethostname()), self.rank)
+        if (layout.rank, layout.world_size) != (self.rank, self.size):
+            raise StagingError(
+                f"MPI rank {self.rank} of {self.size} is rank {layout.rank} of {layout.world_size} in the "
+                "torch.distributed group: launch with mpirun alone, or stage with --comm torch"
+            )
+        self.topology, peers = topology_of(layout)
         self._peers = next((ranks for ranks in peers if self.rank in ranks), [])
         color = self.topology.local_rank if self._peers else MPI.UNDEFINED
         self._group: Any = self._world.Split(color, key=self.topology.node)

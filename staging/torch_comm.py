@@ -11,8 +11,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mlhpc.common.launch import LaunchInfo
-from mlhpc.staging.comm import host_name, topology_from_hosts
+from mlhpc.common.distributed import gather_node_layout
+from mlhpc.common.launch import LaunchInfo, NodeLayout, uniform_layout
+from mlhpc.staging.comm import topology_of
 
 
 class TorchComm:
@@ -23,15 +24,14 @@ class TorchComm:
 
     collective = True
 
-    def __init__(self, *, each_rank_a_node: bool = False, owns_group: bool = False) -> None:
+    def __init__(self, layout: NodeLayout, *, owns_group: bool = False) -> None:
         if not dist.is_initialized():
             raise RuntimeError("TorchComm needs an initialised torch.distributed default group")
         self._owns_group = owns_group
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
-        hosts: list[Any] = [None] * self.size
-        dist.all_gather_object(hosts, host_name())
-        self.topology, peers = topology_from_hosts(hosts, self.rank, each_rank_a_node)
+        assert (layout.rank, layout.world_size) == (self.rank, self.size), "a layout of another group"
+        self.topology, peers = topology_of(layout)
         self._peers: list[int] = []
         self._group: Any = None
         for ranks in peers:  # every rank creates every group, in the same order
@@ -56,7 +56,9 @@ class TorchComm:
                 world_size=launch.world_size,
                 timeout=datetime.timedelta(minutes=10),
             )
-        return cls(each_rank_a_node=each_rank_a_node, owns_group=owns)
+        rank, size = dist.get_rank(), dist.get_world_size()
+        layout = uniform_layout(rank, size, 1) if each_rank_a_node else gather_node_layout(rank)
+        return cls(layout, owns_group=owns)
 
     def barrier(self) -> None:
         dist.barrier()

@@ -301,8 +301,8 @@ def test_mpirun_stages_over_mpi(tmp_path: Path) -> None:
     probe = (
         "from pathlib import Path; "
         "from mlhpc.common.distributed import init_distributed, shutdown_distributed; "
-        "from mlhpc.runner import staging_comm; ctx = init_distributed('auto', 'cpu'); "
-        "comm = staging_comm(ctx); Path(f'rank{ctx.rank}.txt').write_text(' '.join(map(str, "
+        "from mlhpc.staging import comm_for; ctx = init_distributed('auto', 'cpu'); "
+        "comm = comm_for(ctx); Path(f'rank{ctx.rank}.txt').write_text(' '.join(map(str, "
         "(ctx.rank, ctx.launcher, ctx.backend, type(comm).__name__, comm.topology.num_nodes)))); "
         "shutdown_distributed()"
     )

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.comm import CallbackComm, Communicator, make_comm
+from mlhpc.staging.comm import CallbackComm, Communicator
+from mlhpc.staging.connect import make_comm
 from mlhpc.staging.manifest import MANIFEST_NAME, build_manifest
 from mlhpc.staging.sink import ALIGN, BufferPool, align_up
 from mlhpc.staging.stage import stage_dataset

@@ -1,0 +1,60 @@
+"""The staging communicator for this process: from the launcher's environment (`mlhpc stage`
+on its own) or from the run's `DistContext` (`mlhpc run`). torch and mpi4py are imported only
+for the communicator that needs them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from mlhpc.common.launch import LaunchInfo, detect_launch
+from mlhpc.staging.comm import CallbackComm, Communicator
+
+if TYPE_CHECKING:
+    from mlhpc.common.distributed import DistContext
+
+CommKind = Literal["auto", "torch", "mpi"]
+
+
+def make_comm(
+    kind: CommKind = "auto", *, each_rank_a_node: bool = False, launch: LaunchInfo | None = None
+) -> Communicator:
+    """The communicator for a `mlhpc stage` process: none for one process, MPI when that is the
+    launcher and mpi4py is installed, else torch.distributed (gloo)."""
+    launch = launch or detect_launch()
+    if launch.world_size == 1 and kind == "auto":
+        return CallbackComm()
+    if kind == "mpi" or (kind == "auto" and launch.launcher == "mpi" and mpi_available()):
+        from mlhpc.staging.mpi_comm import MpiComm
+
+        return MpiComm(each_rank_a_node=each_rank_a_node)
+    from mlhpc.staging.torch_comm import TorchComm
+
+    return TorchComm.launch(launch, each_rank_a_node=each_rank_a_node)
+
+
+def comm_for(ctx: DistContext) -> Communicator:
+    """Staging's collectives for a run, on the node layout `ctx` gathered at init: MPI when
+    mpirun started the job and mpi4py is there, else the torch.distributed group; under Horovod,
+    or for one instance of a weak-scaling job, only barriers (every node copies)."""
+    if not ctx.distributed:
+        return CallbackComm()
+    layout = ctx.node_layout
+    if ctx.launcher == "mpi" and ctx.group is None and mpi_available():
+        from mlhpc.staging.mpi_comm import MpiComm
+
+        return MpiComm(layout)
+    if ctx.backend == "horovod" or ctx.group is not None:
+        return CallbackComm(
+            layout.local_rank, layout.local_size, ctx.barrier, node=layout.node, num_nodes=layout.num_nodes
+        )
+    from mlhpc.staging.torch_comm import TorchComm
+
+    return TorchComm(layout)
+
+
+def mpi_available() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
