@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import EntryPoint, entry_points
@@ -271,6 +272,45 @@ print(json.dumps([registry.names(), cfg.width, required_run_count("thirdbench"),
     generated = mlhpc(["generate", "thirdbench", "--config", "mini", "--out", str(out)], site, tmp_path)
     assert generated.returncode == 0, generated.stderr
     assert (out / "samples.txt").read_text() == "width=7 seed=0\n"
+
+
+_CHECK_THIRDBENCH = """
+import json, sys
+from pathlib import Path
+from mlhpc.submission_checker.compliance import analyse_log
+from mlhpc.submission_checker.layout_checks import known_benchmarks
+from tests.test_extreme_weather_rules import _good_events, _write_log
+events = [(k, key, "thirdbench" if key == "submission_benchmark" else v, m) for k, key, v, m in _good_events()]
+log = str(_write_log(Path(sys.argv[1]), events))
+checked = analyse_log(log, "3.0.0")
+print(json.dumps(["thirdbench" in known_benchmarks("3.0.0"), checked.compliant,
+                  [m.text for m in checked.messages]]))
+"""
+
+
+def test_the_checker_runs_a_third_party_benchmark_under_its_rules_file(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    install_thirdbench(site)
+    ours = (REPO / "benchmarks" / "extreme_weather" / "closed_extreme_weather.yaml").read_text()
+    rules = site / "thirdbench" / "rules.yaml"
+    rules.write_text(ours.replace("== 'extreme_weather'", "== 'thirdbench'"))
+    init = site / "thirdbench" / "__init__.py"
+    init.write_text(
+        init.read_text().replace(
+            "strong_run_count=3,", "strong_run_count=3, rules_file=Path(__file__).parent / 'rules.yaml',"
+        )
+    )
+    env = cli_env(PYTHONPATH=f"{site}{os.pathsep}{REPO}")
+    check = [sys.executable, "-c", _CHECK_THIRDBENCH, str(tmp_path / "result_0.txt")]
+    proc = subprocess.run(check, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [True, True, []]
+    rules.unlink()
+    proc = subprocess.run(check, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    known, compliant, messages = json.loads(proc.stdout)
+    assert (known, compliant) == (True, False)
+    assert messages == [f"the rule file {rules} of thirdbench is not installed; reinstall its package"]
 
 
 def test_broken_third_party_entry_point_is_one_line_and_spares_the_rest(tmp_path: Path) -> None:
