@@ -108,6 +108,15 @@ def topology_of(layout: NodeLayout) -> tuple[Topology, list[list[int]]]:
     return topo, peers
 
 
+def mpi_available() -> bool:
+    """Whether mpi4py is installed (imported here, not initialised)."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class LostRankError(StagingError):
     """A collective failed: another rank died or was killed, so the ranks cannot agree any more."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from mlhpc.common.launch import LaunchInfo, detect_launch
-from mlhpc.staging.comm import CallbackComm, Communicator
+from mlhpc.staging.comm import CallbackComm, Communicator, mpi_available
 
 if TYPE_CHECKING:
     from mlhpc.common.distributed import DistContext
@@ -50,11 +50,3 @@ def comm_for(ctx: DistContext) -> Communicator:
     from mlhpc.staging.torch_comm import TorchComm
 
     return TorchComm(layout)
-
-
-def mpi_available() -> bool:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -19,17 +19,19 @@ from mlhpc.staging.comm import topology_of
 class TorchComm:
     """World collectives on the default group; one extra group per local rank for the exchange.
 
-    Every rank must construct it at the same point (it creates process groups).
+    Every rank must construct it at the same point (it creates process groups). `layout`: the
+    job's node layout when the run has it already (`DistContext.layout`); None gathers it.
     """
 
     collective = True
 
-    def __init__(self, layout: NodeLayout, *, owns_group: bool = False) -> None:
+    def __init__(self, layout: NodeLayout | None = None, *, owns_group: bool = False) -> None:
         if not dist.is_initialized():
             raise RuntimeError("TorchComm needs an initialised torch.distributed default group")
         self._owns_group = owns_group
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
+        layout = layout or gather_node_layout(self.rank)
         assert (layout.rank, layout.world_size) == (self.rank, self.size), "a layout of another group"
         self.topology, peers = topology_of(layout)
         self._peers: list[int] = []
@@ -56,8 +58,7 @@ class TorchComm:
                 world_size=launch.world_size,
                 timeout=datetime.timedelta(minutes=10),
             )
-        rank, size = dist.get_rank(), dist.get_world_size()
-        layout = uniform_layout(rank, size, 1) if each_rank_a_node else gather_node_layout(rank)
+        layout = uniform_layout(dist.get_rank(), dist.get_world_size(), 1) if each_rank_a_node else None
         return cls(layout, owns_group=owns)
 
     def barrier(self) -> None:
