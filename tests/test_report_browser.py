@@ -42,7 +42,7 @@ class Rendered:
     screenshot: Path
 
 
-def render(page: Path, screenshot: Path, width: int = 1000, height: int = 1300) -> Rendered:
+def render(page: Path, screenshot: Path, width: int = 1000, height: int = 1560) -> Rendered:
     """Open `page` in headless Chromium twice: once for the DOM and the console, once for a PNG."""
     assert CHROMIUM is not None
     common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run"]
@@ -88,7 +88,7 @@ def test_check_report_renders_with_its_plots_and_no_errors(
     assert dom.count("<polyline") == 10, "one convergence curve per run"
     assert "target eval_accuracy &gt;= 0.8" in dom
     assert dom.count('class="dropped"') == 2 and "263.520317" in dom
-    assert png_size(shown.screenshot) == (1000, 1300)
+    assert png_size(shown.screenshot) == (1000, 1560)
     assert shown.screenshot.stat().st_size > 20_000, "a blank page compresses to almost nothing"
     if os.environ.get("MLHPC_UPDATE_DOCS_IMAGES"):
         DOCS_IMAGE.parent.mkdir(exist_ok=True)
