@@ -45,7 +45,9 @@ class Rendered:
 def render(page: Path, screenshot: Path, width: int = 1000, height: int = 1560) -> Rendered:
     """Open `page` in headless Chromium twice: once for the DOM and the console, once for a PNG."""
     assert CHROMIUM is not None
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run"]
+    # --no-sandbox: CI runs as root; --disable-dev-shm-usage: containers give /dev/shm 64 MiB.
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+    common += ["--hide-scrollbars", "--no-first-run"]
     common += [f"--user-data-dir={screenshot.parent / 'chromium-profile'}", "--virtual-time-budget=3000"]
     url = page.resolve().as_uri()
     dumped = subprocess.run(
