@@ -381,7 +381,7 @@ class Pipe(io.RawIOBase):
 
 
 def build_archive_manifest(path: Path, algorithm: str = "xxh3_128") -> Manifest:
-    """Hash every regular member of an archive (for `mlhpc stage --make-manifest ARCHIVE`)."""
+    """Hash every regular member of an archive (for `mlhpc manifest ARCHIVE`)."""
     from mlhpc.staging.manifest import new_hasher
 
     kind = archive_kind(path)

@@ -1,6 +1,6 @@
 """The manifest of a dataset: relative path, size and checksum of every file.
 
-A generator writes it beside the data (`mlhpc stage --make-manifest` for any dataset); staging
+A generator writes it beside the data (`mlhpc manifest` for any dataset); staging
 verifies each copy against it, and for a source without one lists the files and computes the
 checksums on the fly from the bytes it copies.
 """
@@ -96,7 +96,7 @@ class Manifest:
         return cls.from_json(data, path)
 
 
-_FIX = "fix the entry or write the manifest again (mlhpc stage SRC --make-manifest)"
+_FIX = "fix the entry or write the manifest again (mlhpc manifest SRC)"
 
 
 def _entry(f: dict[str, Any], where: str) -> FileEntry:

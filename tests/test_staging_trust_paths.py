@@ -67,7 +67,7 @@ def test_manifest_entry_outside_src_is_refused(box: Path, entry: str, problem: s
         stage_dataset(box / "src", box / "dest", workers=2)
     message = str(caught.value)
     assert f"{box / 'src' / MANIFEST_NAME}: manifest entry {entry!r} {problem}" in message
-    assert message.endswith("(mlhpc stage SRC --make-manifest)") and "\n" not in message
+    assert message.endswith("(mlhpc manifest SRC)") and "\n" not in message
     assert {k: v for k, v in tree(box).items() if not k.startswith("dest")} == before
     assert not (box / "dest" / STAGED_MARKER).exists()
 

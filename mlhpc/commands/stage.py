@@ -1,8 +1,12 @@
-"""`mlhpc stage` and `mlhpc stage-bench`: the staging commands' options and handlers."""
+"""The staging commands' options and handlers: `mlhpc stage SRC DEST`, `mlhpc manifest SRC`,
+`mlhpc verify DEST` and the study, `mlhpc stage-bench`. `mlhpc stage --make-manifest` and
+`--verify` still work and say where they went."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from mlhpc.commands import add_command
@@ -10,9 +14,12 @@ from mlhpc.common.errors import ConfigError
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.stage import DEFAULT_WORKERS
 
+VERIFY_WORKERS = 8
+
 
 def add_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
-    """Add stage and stage-bench; stage-bench's options only when it is the command (heavy imports)."""
+    """Add stage, manifest, verify and stage-bench; stage-bench's options only when it is the
+    command (heavy imports)."""
     stage = add_command(
         sub,
         "stage",
@@ -53,13 +60,34 @@ def add_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
     stage.add_argument(
         "--each-rank-a-node", action="store_true", help="treat every rank as a node (one-machine study)"
     )
-    stage.add_argument(
-        "--verify", action="store_true", help="only re-hash DEST against its manifest (also: --verify DEST)"
-    )
-    stage.add_argument(
-        "--make-manifest", action="store_true", help="write SRC's manifest (checksums to verify against)"
-    )
+    stage.add_argument("--verify", action="store_true", help="the old spelling of: mlhpc verify DEST")
+    stage.add_argument("--make-manifest", action="store_true", help="the old spelling of: mlhpc manifest SRC")
     stage.set_defaults(handler=_stage)
+
+    manifest = add_command(
+        sub,
+        "manifest",
+        "write a dataset's manifest: the checksums that staging and verify check against",
+        "mlhpc manifest /lustre/cosmoflow              # writes /lustre/cosmoflow/mlhpc_manifest.json\n"
+        "mlhpc manifest /lustre/cosmoflow.tar.zst      # writes a sidecar beside the archive",
+    )
+    manifest.add_argument("src", type=Path, help="dataset directory (the manifest goes in it) or archive")
+    manifest.add_argument(
+        "--workers", type=int, default=DEFAULT_WORKERS, help=f"files hashed at once ({DEFAULT_WORKERS})"
+    )
+    manifest.set_defaults(handler=_manifest)
+
+    verify = add_command(
+        sub,
+        "verify",
+        "re-hash a staged copy against its manifest (reads only; a mismatch is one line and exit 2)",
+        "mlhpc verify $MLHPC_LOCAL_DIR/cosmoflow",
+    )
+    verify.add_argument("dest", type=Path, help="a folder `mlhpc stage` completed")
+    verify.add_argument(
+        "--workers", type=int, default=VERIFY_WORKERS, help=f"files hashed at once ({VERIFY_WORKERS})"
+    )
+    verify.set_defaults(handler=_verify)
 
     bench = add_command(
         sub,
@@ -74,28 +102,66 @@ def add_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
     bench.set_defaults(handler=_stage_bench)
 
 
-def _stage(args: argparse.Namespace) -> int:
-    from mlhpc.staging import MANIFEST_NAME, build_manifest, make_comm, stage_dataset, verify_staged
+def _manifest(args: argparse.Namespace) -> int:
+    _refuse_bad_counts("manifest", {"--workers": args.workers})
+    return write_manifest(args.src, args.workers)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    _refuse_bad_counts("verify", {"--workers": args.workers})
+    return verify(args.dest, args.workers)
+
+
+def write_manifest(src: Path, workers: int) -> int:
+    """Write `src`'s manifest: a folder's in it, an archive's beside it (its sidecar)."""
+    from mlhpc.staging import MANIFEST_NAME, build_manifest
     from mlhpc.staging.archive import archive_kind, build_archive_manifest, sidecar_manifest
 
-    counts = {"--workers": args.workers, "--processes": args.processes, "--chunk-mib": args.chunk_mib}
+    if archive_kind(src) is not None:
+        build_archive_manifest(src).write(written := sidecar_manifest(src))
+    else:
+        build_manifest(src, workers=workers).write(written := src / MANIFEST_NAME)
+    print(f"wrote {written}")
+    return 0
+
+
+def verify(dest: Path, workers: int = VERIFY_WORKERS) -> int:
+    """Re-hash `dest` against its manifest; a mismatch raises, naming the file (no lock needed)."""
+    from mlhpc.staging import verify_staged
+
+    count = verify_staged(dest, workers=workers)
+    print(f"{dest}: {count} files verified")
+    return 0
+
+
+def _moved(flag: str, new: str, run: Callable[[], int]) -> int:
+    """Run an old spelling, then say (one line on stderr) where it went; a failure is still the
+    one error line."""
+    code = run()
+    print(f"mlhpc stage {flag} is now {new}", file=sys.stderr)
+    return code
+
+
+def _refuse_bad_counts(command: str, counts: dict[str, int | None]) -> None:
     for flag, value in counts.items():
         if value is not None and value < 1:  # refused before any work, not met deep in a pool
-            raise ConfigError(f"mlhpc stage {flag} {value}: it must be at least 1; pass {flag} 1 or more")
+            raise ConfigError(f"mlhpc {command} {flag} {value}: it must be at least 1; pass {flag} 1 or more")
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from mlhpc.staging import make_comm, stage_dataset
+
+    counts = {"--workers": args.workers, "--processes": args.processes, "--chunk-mib": args.chunk_mib}
+    _refuse_bad_counts("stage", counts)
     if args.make_manifest:
-        if archive_kind(args.src) is not None:
-            build_archive_manifest(args.src).write(written := sidecar_manifest(args.src))
-        else:
-            build_manifest(args.src, workers=args.workers).write(written := args.src / MANIFEST_NAME)
-        print(f"wrote {written}")
-        return 0
-    if args.verify:  # `mlhpc stage --verify DEST` or `mlhpc stage SRC DEST --verify`; no lock needed
+        return _moved("--make-manifest", "mlhpc manifest SRC", lambda: write_manifest(args.src, args.workers))
+    if args.verify:  # `mlhpc stage --verify DEST` or `mlhpc stage SRC DEST --verify`
         dest = args.src if args.dest is None else args.dest
-        count = verify_staged(dest)
-        print(f"{dest}: {count} files verified")
-        return 0
+        return _moved("--verify", "mlhpc verify DEST", lambda: verify(dest))
     if args.dest is None:
-        raise ConfigError("mlhpc stage needs DEST (or --make-manifest); see mlhpc stage --help")
+        raise ConfigError(
+            "mlhpc stage needs DEST: mlhpc stage SRC DEST (to write SRC's manifest: mlhpc manifest SRC)"
+        )
     comm = make_comm(args.comm, each_rank_a_node=args.each_rank_a_node)
     dest = Path(str(args.dest).replace("{node}", str(comm.topology.node)))
     try:
