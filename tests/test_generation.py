@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from mlhpc.cli import main
 from mlhpc.common.errors import DataError
+from mlhpc.common.locks import LOCK_NAME
 from mlhpc.generation import DATASET_COMPLETE, DATASET_GENERATING, generate_dataset
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest
 
@@ -24,7 +25,9 @@ def write_two(folder: Path) -> None:
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file but the generator's lock file (it stays; see common/locks)."""
+    files = (p for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in files}
 
 
 def test_a_new_folder_gets_data_manifest_and_the_finished_marker(tmp_path: Path) -> None:
@@ -143,3 +146,32 @@ def test_mlhpc_generate_twice_replaces_its_own_data_and_refuses_a_users_folder(
     assert err.count("\n") == 1 and err.startswith("mlhpc: error: ") and "README.mine" in err
     assert (data / "README.mine").read_text() == "mine"
     assert os.listdir(data)  # nothing was removed
+
+
+GENERATING_ELSEWHERE = """
+import sys
+from pathlib import Path
+from mlhpc.common.locks import folder_lock
+data = Path(sys.argv[1])
+with folder_lock(data, "generating a dataset", "wait"):
+    (data / ".mlhpc_generating").write_text("being generated")
+    (data / "half.bin").write_bytes(b"h" * 7)
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_generation_under_way_in_another_process_is_refused_not_removed(tmp_path: Path) -> None:
+    """Two generators into one folder: the second used to take the first's half-written files
+    for a killed generation's and remove them under it."""
+    from mlhpc.common.locks import FolderBusy
+    from tests.conftest import held_by_another_process
+
+    data = tmp_path / "data"
+    with held_by_another_process(GENERATING_ELSEWHERE, str(data)):
+        before = tree(data)
+        with pytest.raises(FolderBusy, match="generating a dataset"):
+            generate_dataset(data, write_two, reuse_complete=True, not_ours_fix=FIX)
+        assert tree(data) == before and (data / "half.bin").read_bytes() == b"h" * 7
+    assert generate_dataset(data, write_two, reuse_complete=True, not_ours_fix=FIX)  # then it is a killed one's
+    assert not (data / "half.bin").exists() and (data / DATASET_COMPLETE).is_file()
