@@ -81,9 +81,7 @@ def main() -> None:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"f{i}.bin").write_bytes(data)
         env = {**os.environ, "PYTHONPATH": str(paths["this"])}
-        subprocess.run(
-            [sys.executable, "-m", "mlhpc", "stage", "--make-manifest", str(src)], env=env, check=True
-        )
+        subprocess.run([sys.executable, "-m", "mlhpc", "manifest", str(src)], env=env, check=True)
         runs: dict[str, list[tuple[float, float]]] = {"base": [], "this": []}
         for r in range(args.rounds):
             stage_seconds(paths["this"], src, work / "dest-warm")

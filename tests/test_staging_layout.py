@@ -3,7 +3,9 @@ communicator built from it: from host names, for a sub-job, and from a real run'
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mlhpc.cli import main
 from mlhpc.common.launch import NodeLayout, node_layout, uniform_layout
 from mlhpc.staging import CallbackComm, comm_for
 from mlhpc.staging.comm import topology_of
@@ -104,3 +107,27 @@ def test_a_runs_staging_comm_is_built_from_its_context(tmp_path: Path) -> None:
         assert report["nodes"] == [[0, 1]] and report["num_nodes"] == 1  # one host: one node
         assert report["whole"] == ["TorchComm", rank, 2, 1, 2, "x"]
         assert report["instance"] == ["CallbackComm", 0, 1, 1]
+
+
+def launched(kind: str) -> list[str]:
+    if kind == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    if shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpirun and mpi4py")
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["torchrun", "mpirun"])
+def test_mlhpc_stage_alone_works_the_node_layout_out_itself(kind: str, tmp_path: Path) -> None:
+    """`mlhpc stage` under a launcher, with no run around it: two ranks on this host are one node,
+    which gets the whole dataset once (torch.distributed under torchrun, MPI under mpirun)."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    for i in range(12):
+        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 3}" / f"f{i}.bin").write_bytes(bytes([i]) * (1000 * i + 1))
+    command = [*launched(kind), "-m", "mlhpc", "stage", str(src), str(dest)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "staged 12 files" in proc.stdout and "1 node(s)" in proc.stdout, proc.stdout
+    assert main(["verify", str(dest)]) == 0
