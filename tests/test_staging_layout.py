@@ -74,6 +74,28 @@ def test_one_process_gets_the_barrier_only_comm() -> None:
     assert isinstance(comm, CallbackComm) and (comm.rank, comm.size) == (0, 1)
 
 
+def test_a_horovod_rank_gets_barriers_on_runs_of_its_local_size() -> None:
+    """Horovod gathers no host names: its ranks sit in runs of `local_world_size` (rank 3 of 4,
+    two a node: node 1, local rank 1), and staging only synchronises them."""
+    import torch
+
+    from mlhpc.common.distributed import DistContext
+
+    ctx = DistContext(
+        rank=3,
+        local_rank=1,
+        world_size=4,
+        local_world_size=2,
+        num_nodes=2,
+        device=torch.device("cpu"),
+        backend="horovod",
+        launcher="horovod",
+    )
+    comm = comm_for(ctx)
+    assert isinstance(comm, CallbackComm) and not comm.collective
+    assert (comm.rank, comm.size, comm.topology.node, comm.topology.local_rank) == (3, 4, 1, 1)
+
+
 # Two ranks of one run: the staging communicator of the whole job (torch.distributed, on the
 # layout the context gathered) and of one instance of a weak-scaling job (barriers only).
 RUN_RANKS = """
