@@ -26,6 +26,7 @@ from mlhpc.common import run_events
 from mlhpc.common.distributed import DistContext, average_batchnorm_statistics
 from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.mllogger import MLLog, constants
+from mlhpc.common.progress import SILENT, Progress
 from mlhpc.common.registry import Benchmark, DataBundle
 from mlhpc.common.seeding import seed_everything
 from mlhpc.common.timing import Breakdown, PhaseTimer
@@ -91,8 +92,10 @@ def train_to_target(
     stage: Callable[[], StagedData],
     staging_inside_run: bool = True,
     clear_cache: bool = False,
+    progress: Progress = SILENT,
 ) -> RunResult:
-    """Train `bench` from scratch until its target, logging every MLLOG event the rules require."""
+    """Train `bench` from scratch until its target, logging every MLLOG event the rules require
+    (and a line per epoch to `progress`, for a person watching)."""
     loop: LoopConfig = cfg.loop
     timer = PhaseTimer(
         sync=torch.cuda.synchronize if ctx.device.type == "cuda" and loop.sync_timing else None
@@ -152,6 +155,16 @@ def train_to_target(
                     metric = training.evaluate()
                 log.event(bench.target.metric, metric, {constants.EPOCH_NUM: epoch})
                 metrics.append(metric)
+                progress.epoch(
+                    epoch=epoch,
+                    max_epochs=loop.max_epochs,
+                    metric=bench.target.metric,
+                    value=metric,
+                    target=loop.target,
+                    direction=bench.target.direction,
+                    samples_per_s=samples_per_s,
+                    elapsed_s=time.perf_counter() - run_started,
+                )
                 if not math.isfinite(metric):
                     raise _Abort(f"{bench.target.metric} is {metric} at epoch {epoch}")
                 if loop.mode == "target" and bench.target.reached(metric, loop.target):

@@ -22,6 +22,7 @@ from mlhpc.common.loaders import torch_data_bundle
 from mlhpc.common.loop import StagedData, SubmissionInfo, to_device, train_to_target
 from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.mllogger import MLLog
+from mlhpc.common.progress import SILENT, Progress
 from mlhpc.common.registry import Benchmark, BenchmarkFunctions, BenchmarkInfo, DataBundle, Target
 from mlhpc.common.schedules import WarmupSchedule, build_lr_scheduler
 
@@ -160,6 +161,7 @@ def run_toy(
     staging_inside_run: bool = True,
     bench: Benchmark = TOY,
     data_dir: Path | None = None,
+    progress: Progress = SILENT,
 ) -> Any:
     """train_to_target on the toy (or `bench`, reading `data_dir` where it is: staging is a no-op);
     the MLLOG file at `log_path` (rank 0), or no log when None."""
@@ -175,6 +177,7 @@ def run_toy(
             submission=SUBMISSION,
             stage=lambda: StagedData(path=staging_dir, metadata={"staged_files": 0}),
             staging_inside_run=staging_inside_run,
+            progress=progress,
         )
     except BaseException:
         log.discard()

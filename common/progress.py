@@ -1,0 +1,83 @@
+"""What a person watching `mlhpc run` sees: the plan, one line per epoch, one line per seed.
+
+MLLOG events are for the result files (and for stdout with `--mllog-stdout`, as the reference
+trainers print them); this is the channel for people, written by global rank 0 only. At a terminal
+the lines are coloured through rich; into a batch job's output file they are plain text, one
+line per event, with no bars and no escape codes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, TextIO
+
+
+def clock(seconds: float) -> str:
+    """1:02:03 or 4:05 (minutes:seconds under an hour)."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def epoch_line(
+    *,
+    epoch: int,
+    max_epochs: int,
+    metric: str,
+    value: float,
+    target: float,
+    direction: Literal["min", "max"],
+    samples_per_s: float,
+    elapsed_s: float,
+) -> str:
+    """`epoch  3/30  eval_accuracy 0.7731 (target >= 0.82)   412.5 samples/s  1:02` for one epoch."""
+    sign = "<=" if direction == "min" else ">="
+    reached = value <= target if direction == "min" else value >= target
+    mark = "  reached" if reached else ""
+    width = len(str(max_epochs))
+    return (
+        f"epoch {epoch:>{width}}/{max_epochs}  {metric} {value:.4f} (target {sign} {target:g})"
+        f"  {samples_per_s:9.1f} samples/s  {clock(elapsed_s)}{mark}"
+    )
+
+
+def seed_line(*, seed: int, status: str, epochs: int, run_seconds: float, detail: str | None = None) -> str:
+    """The closing line of one seeded run."""
+    why = f": {detail}" if detail else ""
+    return f"seed {seed}: {status} after {epochs} epoch(s) in {run_seconds / 60:.2f} min{why}"
+
+
+@dataclass
+class Progress:
+    """Prints lines for people on the main rank; silent elsewhere (enabled=False)."""
+
+    enabled: bool
+    stream: TextIO = field(default_factory=lambda: sys.stdout)
+
+    def __post_init__(self) -> None:
+        self._console = None
+        if self.enabled:
+            from rich.console import Console
+
+            # soft_wrap: a long line stays one line in a job's output file (rich would cut at 80).
+            self._console = Console(file=self.stream, highlight=False, soft_wrap=True)
+
+    @property
+    def at_terminal(self) -> bool:
+        return self._console is not None and self._console.is_terminal
+
+    def say(self, text: str, style: str | None = None) -> None:
+        if self._console is not None:
+            self._console.print(text, style=style if self.at_terminal else None, markup=False)
+
+    def epoch(self, **fields: object) -> None:
+        """One epoch's line (see `epoch_line`); green when the target is reached."""
+        if self._console is not None:
+            line = epoch_line(**fields)  # type: ignore[arg-type]
+            self.say(line, "green" if line.endswith("reached") else None)
+
+
+SILENT = Progress(enabled=False)
+"""For library callers and tests that want no lines."""

@@ -1,0 +1,61 @@
+"""The people's channel of a run: a plain line per epoch, no MLLOG, nothing from other ranks."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlhpc.common.distributed import DistContext, init_distributed
+from mlhpc.common.progress import Progress, clock, epoch_line, seed_line
+from tests.toy_benchmark import make_config, run_toy
+
+
+@pytest.fixture(scope="module")
+def ctx() -> DistContext:
+    return init_distributed("gloo", "cpu")
+
+
+def test_a_run_prints_one_plain_line_per_epoch_and_no_mllog(ctx: DistContext, tmp_path: Path) -> None:
+    out = io.StringIO()  # not a terminal: what a batch job's output file gets
+    run_toy(
+        make_config(max_epochs=3), ctx, tmp_path / "result_0.txt", progress=Progress(enabled=True, stream=out)
+    )
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert all("(target >= 0)" in line or "(target <= 0)" in line for line in lines), lines
+    assert ":::MLLOG" not in out.getvalue() and "\x1b[" not in out.getvalue()  # no events, no colour codes
+    assert ":::MLLOG" in (tmp_path / "result_0.txt").read_text()  # the events went to the result file
+
+
+def test_ranks_other_than_the_main_one_print_nothing(ctx: DistContext, tmp_path: Path) -> None:
+    out = io.StringIO()
+    run_toy(make_config(max_epochs=2), ctx, None, progress=Progress(enabled=False, stream=out))
+    assert out.getvalue() == ""
+
+
+def test_epoch_line_says_how_far_from_the_target() -> None:
+    line = epoch_line(
+        epoch=3, max_epochs=30, metric="eval_accuracy", value=0.77312, target=0.82, direction="max",
+        samples_per_s=412.54, elapsed_s=62.4,
+    )  # fmt: skip
+    assert line == "epoch  3/30  eval_accuracy 0.7731 (target >= 0.82)      412.5 samples/s  1:02"
+    reached = epoch_line(
+        epoch=4, max_epochs=30, metric="eval_error", value=0.1, target=0.124, direction="min",
+        samples_per_s=1.0, elapsed_s=3725,
+    )  # fmt: skip
+    assert reached.endswith("1:02:05  reached") and "(target <= 0.124)" in reached
+    assert (
+        seed_line(seed=7, status="success", epochs=4, run_seconds=90)
+        == "seed 7: success after 4 epoch(s) in 1.50 min"
+    )
+
+
+@given(st.floats(min_value=0, max_value=1e7, allow_nan=False))
+def test_clock_reads_back_to_the_second(seconds: float) -> None:
+    parts = [int(p) for p in clock(seconds).split(":")]
+    total = parts[0] * 3600 + parts[1] * 60 + parts[2] if len(parts) == 3 else parts[0] * 60 + parts[1]
+    assert total == round(seconds) and all(p < 60 for p in parts[1:])
