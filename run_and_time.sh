@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # Run and time ONE seeded training run, as the MLPerf reference repos' run_and_time.sh do.
-# A cluster job calls this once (not once per rank): LAUNCHER starts the ranks.
+# A cluster job calls this once (not once per rank): LAUNCHER starts the ranks. mlhpc itself
+# writes the result into the submission (`mlhpc run --index`); this script lays out nothing.
 #
 # Environment in:
 #   BENCHMARK   benchmark name (default cosmoflow)
 #   CONFIG      mini, full or a YAML path (default mini)
-#   SEED        the run's seed, a positive integer (default: a random one, printed)
 #   OUT         submission root (required); the log lands in
-#               OUT/<submitter>/results/<system>/strong/<benchmark>/result_<i>.txt
-#   RUN_INDEX   i above. Unset: mlhpc writes result_0.txt straight into OUT, which must not hold
-#               results for this benchmark yet. Set (one job per seed, e.g. RUN_INDEX=$SLURM_ARRAY_TASK_ID):
-#               the run goes to OUT/.run_and_time/<benchmark>-<i>/ and, on success, is merged into OUT
-#               as result_<i>.txt; the first run's systems/ and implementation files are kept.
-#   DATA        dataset directory to stage (default: mlhpc generates one under OUT/datasets, or under
-#               the per-run folder when RUN_INDEX is set; pass DATA when jobs run at the same time)
+#               OUT/<submitter>/results/<system>/strong/<benchmark>/result_<RUN_INDEX>.txt
+#   RUN_INDEX   the run's index in the campaign, 0, 1, 2, ... (default 0; e.g. $SLURM_ARRAY_TASK_ID).
+#               mlhpc refuses an index whose result exists, and takes OUT/campaign.json's settings.
+#   SEED        the run's seed, a positive integer above RUN_INDEX: the campaign's seeds are
+#               SEED - RUN_INDEX, +1, ... (default: a random one, printed)
+#   DATA        dataset directory to stage (default: mlhpc generates one under OUT/datasets)
 #   LAUNCHER    command prefix that starts the ranks: empty (one process),
 #               "torchrun --standalone --nproc_per_node=N", "srun", "mpirun -np N" (split on spaces)
 #   EXTRA_ARGS  more `mlhpc run` flags and key=value overrides (split on spaces, no globbing)
@@ -22,15 +21,15 @@
 #   DRY_RUN     1: print the command and exit 0
 #
 # Prints STARTING/ENDING TIMING RUN lines and RESULT,<benchmark>,<seed>,<seconds>,<user>,<start>;
-# exits with mlhpc's exit status (2: config error or target not reached).
+# exits with mlhpc's exit status (2: config error, taken index, or target not reached).
 set -euo pipefail
 
 BENCHMARK=${BENCHMARK:-cosmoflow}
 CONFIG=${CONFIG:-mini}
-SEED=${SEED:-$((RANDOM * 32768 + RANDOM + 1))}
+RUN_INDEX=${RUN_INDEX:-0}
+SEED=${SEED:-$((RANDOM * 32768 + RANDOM + 1 + RUN_INDEX))}
 OUT=${OUT:-}
 DATA=${DATA:-}
-RUN_INDEX=${RUN_INDEX:-}
 
 die() {
     echo "run_and_time.sh: $*" >&2
@@ -38,8 +37,9 @@ die() {
 }
 
 [[ -n $OUT ]] || die "set OUT to the submission root, e.g. OUT=runs/cosmoflow"
+[[ $RUN_INDEX =~ ^(0|[1-9][0-9]*)$ ]] || die "RUN_INDEX=$RUN_INDEX must be 0, 1, 2, ..."
 [[ $SEED =~ ^[1-9][0-9]*$ ]] || die "SEED=$SEED must be a positive integer"
-[[ -z $RUN_INDEX || $RUN_INDEX =~ ^(0|[1-9][0-9]*)$ ]] || die "RUN_INDEX=$RUN_INDEX must be 0, 1, 2, ..."
+((SEED > RUN_INDEX)) || die "SEED=$SEED must be above RUN_INDEX=$RUN_INDEX (the campaign's first seed is SEED - RUN_INDEX)"
 
 # Split on whitespace without glob expansion: overrides such as decay_boundary_epochs=[8,10] stay intact.
 read -r -a launcher <<<"${LAUNCHER:-}"
@@ -59,27 +59,12 @@ if [[ -n ${SLURM_CPUS_PER_TASK:-} && -z ${OMP_NUM_THREADS:-} ]]; then
     export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
 fi
 
-run_out=$OUT
-if [[ -n $RUN_INDEX ]]; then
-    # mlhpc run numbers its logs from 0 and never writes into existing results, so each
-    # indexed run gets its own folder and is renamed into place afterwards.
-    run_out=$OUT/.run_and_time/$BENCHMARK-$RUN_INDEX
-    shopt -s nullglob
-    taken=("$OUT"/*/results/*/strong/"$BENCHMARK"/result_"$RUN_INDEX".txt)
-    shopt -u nullglob
-    ((${#taken[@]} == 0)) || die "${taken[0]} already exists; pick another RUN_INDEX or OUT"
-fi
-
-cmd=("${launcher[@]}" "${mlhpc[@]}" run "$BENCHMARK" --config "$CONFIG" --seeds 1 --first-seed "$SEED"
-    --out "$run_out" --no-check ${DATA:+--data "$DATA"} "${extra[@]}")
+cmd=("${launcher[@]}" "${mlhpc[@]}" run "$BENCHMARK" --config "$CONFIG" --index "$RUN_INDEX"
+    --first-seed "$((SEED - RUN_INDEX))" --out "$OUT" --no-check ${DATA:+--data "$DATA"} "${extra[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
     printf '%q ' "${cmd[@]}"
     echo
     exit 0
-fi
-if [[ -n $RUN_INDEX && -e $run_out ]]; then
-    echo "run_and_time.sh: removing the earlier attempt $run_out"
-    rm -rf -- "$run_out"
 fi
 
 start=$(date +%s)
@@ -91,40 +76,4 @@ status=0
 end=$(date +%s)
 echo "ENDING TIMING RUN AT $(date +'%Y-%m-%d %r') (exit status $status)"
 echo "RESULT,$BENCHMARK,$SEED,$((end - start)),${USER:-$(id -un)},$start_fmt"
-
-if [[ -n $RUN_INDEX && $status != 0 ]]; then
-    echo "run_and_time.sh: this attempt stays in $run_out (the next run with RUN_INDEX=$RUN_INDEX removes it)" >&2
-elif [[ -n $RUN_INDEX ]]; then
-    shopt -s nullglob
-    logs=("$run_out"/*/results/*/strong/"$BENCHMARK"/result_0.txt)
-    shopt -u nullglob
-    ((${#logs[@]} == 1)) || die "expected one result_0.txt under $run_out, found ${#logs[@]}"
-    rel=${logs[0]#"$run_out"/}
-    dest=$OUT/${rel%result_0.txt}result_$RUN_INDEX.txt
-    mkdir -p -- "$(dirname -- "$dest")"
-    # ln creates the name only if it is free, atomically: two jobs never both take one slot.
-    ln -- "${logs[0]}" "$dest" 2>/dev/null || die "$dest appeared while this run went on; its log stays in $run_out"
-    rm -f -- "${logs[0]}"
-    # The run's time breakdown (mlhpc report) follows its log: breakdown/<org>/.../result_<i>.json.
-    breakdown_rel=${rel/\/results\//\/} # <org>/<system>/strong/<benchmark>/result_0.txt
-    breakdown=$run_out/breakdown/${breakdown_rel%.txt}.json
-    if [[ -f $breakdown ]]; then
-        breakdown_dest=$OUT/breakdown/${breakdown_rel%result_0.txt}result_$RUN_INDEX.json
-        mkdir -p -- "$(dirname -- "$breakdown_dest")"
-        mv -- "$breakdown" "$breakdown_dest"
-    fi
-    # systems/<system>.json and benchmarks/<benchmark>/implementations/: the first run's copy wins,
-    # taken whole (a hard link to the finished file) so a job finishing beside it never sees half.
-    org=${rel%%/*}
-    while IFS= read -r -d '' file; do
-        target=$OUT/${file#"$run_out"/}
-        if [[ ! -e $target ]]; then
-            mkdir -p -- "$(dirname -- "$target")"
-            ln -- "$file" "$target" 2>/dev/null || [[ -e $target ]] || cp -p -- "$file" "$target"
-        fi
-    done < <(find "$run_out/$org" -type f -print0)
-    rm -rf -- "$run_out"
-    rmdir -- "$OUT/.run_and_time" 2>/dev/null || true
-    echo "run_and_time.sh: wrote $dest"
-fi
 exit "$status"

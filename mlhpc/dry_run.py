@@ -4,19 +4,27 @@ to init_stop, building nothing heavy: a site checks a config on a login node bef
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
+from mlhpc.campaign import (
+    CAMPAIGN_FILE,
+    SETTING_FLAGS,
+    given_settings,
+    read_campaign_file,
+    resolve_config,
+    resolve_settings,
+)
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.launch import detect_launch
 from mlhpc.common.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.mllogger import MLLog, constants
-from mlhpc.runner import RunOptions, campaign_seeds, check_options
-from mlhpc.system_desc import default_system_name
+from mlhpc.runner import RunOptions, check_options
+from mlhpc.system_desc import stable_system_name
 
 
 def dry_run(opts: RunOptions, *, device: str = "auto") -> int:
@@ -24,12 +32,19 @@ def dry_run(opts: RunOptions, *, device: str = "auto") -> int:
     init_stop (the first seed's) and a summary. 0 when the run would start; a ConfigError or
     DataError (one line naming the fix) when it would not."""
     check_options(opts)
-    bench = registry.get(opts.benchmark)
-    cfg = load_config(bench.config_class, bench.config_path(opts.config), opts.overrides)
-    if opts.division is None:
-        division = bench.default_division(cfg) if bench.default_division is not None else "closed"
-        opts = replace(opts, division=division)
+    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
+    bench, cfg = resolved.benchmark, resolved.cfg
     ctx = _context(device)
+    where = Path(opts.out) / CAMPAIGN_FILE
+    recorded = read_campaign_file(where)
+    settings = resolve_settings(
+        given_settings(opts.campaign, {name: getattr(opts, name) for name in SETTING_FLAGS}),
+        recorded.settings if recorded else None,
+        where,
+        default_system=stable_system_name(ctx),
+        default_division=resolved.default_division,
+    )
+    system = settings.system or stable_system_name(ctx)
     if ctx.world_size % opts.instances:
         raise ConfigError(
             f"--instances {opts.instances} does not divide the {ctx.world_size} rank(s); "
@@ -39,11 +54,13 @@ def dry_run(opts: RunOptions, *, device: str = "auto") -> int:
     cfg.loop.local_batch_size(ranks_per_model)
     if opts.data is not None:
         bench.validate_dataset(cfg, opts.data)
-    system = opts.system or default_system_name(ctx)
     submission = SubmissionInfo(
-        org=opts.submitter, division=opts.division, status=opts.status, platform=system
+        org=settings.submitter,
+        division=settings.division,  # type: ignore[arg-type]
+        status=settings.status,  # type: ignore[arg-type]
+        platform=system,
     )
-    seed = campaign_seeds(opts, ctx, count=opts.instances if opts.instances > 1 else opts.seeds)[0]
+    seed = (opts.first_seed or int.from_bytes(os.urandom(3), "little") + 1) + (opts.index or 0)
     model_ctx = replace(
         ctx, world_size=ranks_per_model, num_nodes=max(1, ranks_per_model // ctx.local_world_size)
     )
@@ -61,7 +78,7 @@ def dry_run(opts: RunOptions, *, device: str = "auto") -> int:
             f"(batch {loop.local_batch_size(ranks_per_model)} per rank x {loop.gradient_accumulation_steps} "
             f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
             f"{resolve_memory_format(loop, bench, ctx.device)}, staging {opts.staging} run_start; "
-            f"data {opts.data or 'generated'}; results into {opts.out}/{opts.submitter}/results/{system}. "
+            f"data {opts.data or 'generated'}; results into {opts.out}/{settings.submitter}/results/{system}. "
             "Nothing was built, staged or written."
         )
     return 0

@@ -7,38 +7,43 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
 
 from mlhpc import __version__
-from mlhpc.common import registry
-from mlhpc.common.config import load_config, to_dict
-from mlhpc.common.distributed import DistContext
-from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError, TrainingError
-from mlhpc.common.fileio import atomic_write_json, atomic_write_text
-from mlhpc.common.layout import (
-    Scaling,
-    breakdown_file,
-    implementation_dir,
-    result_file,
-    results_dir,
-    system_json_path,
+from mlhpc.campaign import (
+    CAMPAIGN_FILE,
+    SETTING_FLAGS,
+    CampaignPlan,
+    CampaignRequest,
+    ResolvedConfig,
+    given_settings,
+    plan_campaign,
+    read_campaign_file,
+    resolve_config,
+    scan_out,
 )
-from mlhpc.common.locks import folder_lock
+from mlhpc.common import registry
+from mlhpc.common.config import to_dict
+from mlhpc.common.distributed import DistContext
+from mlhpc.common.errors import ConfigError, MlhpcError, TrainingError
+from mlhpc.common.fileio import atomic_write_json, atomic_write_text
+from mlhpc.common.layout import Scaling, implementation_dir, system_json_path
+from mlhpc.common.locks import FolderBusy, folder_lock
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
 from mlhpc.generation import generate_dataset
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
-from mlhpc.resume import finished_runs, resumed_first_seed
 from mlhpc.staging import Communicator, comm_for, resolve_local_dir, stage_dataset
 from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_stale_stage_dirs
-from mlhpc.system_desc import default_system_name, describe_system, merge_system_json, write_system_json
+from mlhpc.system_desc import describe_system, merge_system_json, stable_system_name, write_system_json
 
 T = TypeVar("T")
 
@@ -55,12 +60,16 @@ class RunOptions:
     out: Path
     data: Path | None = None
     local_dir: Path | None = None
-    submitter: str = "mlhpc"
+    submitter: str | None = None
+    """None: the campaign file's, else mlhpc (the same for system, division, status, ruleset)."""
     system: str | None = None
+    """None: the campaign file's, else this machine's stable_system_name."""
     division: Literal["closed", "open"] | None = None
-    """None: the benchmark's default for the config (closed unless its rules forbid it)."""
-    status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
-    ruleset: str = "3.0.0"
+    """None: the campaign file's, else the benchmark's default for the config."""
+    status: Literal["onprem", "cloud", "preview", "research"] | None = None
+    ruleset: str | None = None
+    campaign: Path | None = None
+    """--campaign FILE: submission-wide settings given as a campaign file."""
     staging: Literal["inside", "before"] = "inside"
     staging_io: Literal["auto", "buffered", "direct", "kernel"] = "auto"
     """The staging copy's I/O path (`mlhpc stage --io`)."""
@@ -70,6 +79,8 @@ class RunOptions:
     check: bool = True
     resume: bool = False
     """Keep the campaign's finished runs in `out` and run only the missing or failed ones."""
+    index: int | None = None
+    """Run result index `index` of the campaign alone, straight into the submission."""
     instances: int = 1
     """Weak scaling: split the ranks into this many groups, each training its own model at once."""
     power: bool = False
@@ -97,6 +108,8 @@ def check_options(opts: RunOptions) -> None:
     weak = opts.instances > 1
     if weak and opts.seeds != 1:
         raise ConfigError(f"--instances {opts.instances} trains one model per instance; drop --seeds")
+    if weak and opts.index is not None:
+        raise ConfigError(f"--instances {opts.instances} trains every model at once; drop --index")
     if weak and opts.power:
         raise ConfigError(
             "--power with --instances: instances sharing a node would each count its whole power; "
@@ -109,78 +122,118 @@ def check_options(opts: RunOptions) -> None:
         )
 
 
+def campaign_request(
+    opts: RunOptions, resolved: ResolvedConfig, scaling: Scaling, default_system: str | None
+) -> CampaignRequest:
+    """The planner's view of `opts` (the same for the local runner and the Slurm submitter)."""
+    flags = {name: getattr(opts, name) for name in SETTING_FLAGS}
+    return CampaignRequest(
+        benchmark=resolved.benchmark.name,
+        config=opts.config,
+        config_id=resolved.config_id,
+        out=Path(opts.out),
+        scaling=scaling,
+        seeds=opts.instances if scaling == "weak" else opts.seeds,
+        first_seed=opts.first_seed,
+        index=opts.index,
+        resume=opts.resume,
+        data=opts.data,
+        settings=given_settings(opts.campaign, flags),
+        default_system=default_system,
+        default_division=resolved.default_division,
+    )
+
+
+def plan_and_record(request: CampaignRequest, claims: ExitStack) -> CampaignPlan:
+    """Plan the campaign, take the run lock of each index it runs (into `claims`), clear those
+    indices' half-written logs and write the campaign file. The caller holds --out's lock."""
+    out = Path(request.out)
+    recorded = read_campaign_file(out / CAMPAIGN_FILE)
+    random_seed = lambda: int.from_bytes(os.urandom(3), "little") + 1  # noqa: E731
+    plan = plan_campaign(request, recorded, scan_out(out, request.benchmark, request.scaling), random_seed)
+    for index in plan.to_run:
+        claims.enter_context(
+            folder_lock(plan.run_lock_dir(index), f"mlhpc run --index {index}", "wait for that run to end")
+        )
+        # A killed run's half-written log; ours to delete while we hold the index's lock.
+        for leftover in plan.results_dir.glob(f".result_{index}.txt.*.tmp"):
+            leftover.unlink(missing_ok=True)
+    atomic_write_json(out / CAMPAIGN_FILE, plan.record.to_json())
+    s = plan.settings
+    fields = {"submitter": s.submitter, "division": s.division, "status": s.status, "system_name": s.system}
+    merge_system_json(system_json_path(plan.org_dir, plan.system), fields)
+    return plan
+
+
 def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
-    """Strong scaling: the seeds one after another on all ranks. Weak scaling (instances > 1):
-    the ranks split into groups that each train one model at the same time."""
+    """Strong scaling: the seeds one after another on all ranks (or one index, --index). Weak
+    scaling (instances > 1): the ranks split into groups that each train one model at once."""
     check_options(opts)
     weak = opts.instances > 1
-    bench = registry.get(opts.benchmark)
-    cfg = load_config(bench.config_class, bench.config_path(opts.config), opts.overrides)
-    if opts.division is None:
-        division = bench.default_division(cfg) if bench.default_division is not None else "closed"
-        opts = replace(opts, division=division)
+    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     group = ctx.split(opts.instances) if weak else ctx
-    cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
-    system = opts.system or default_system_name(ctx)
-    scaling: Scaling = "weak" if weak else "strong"
-    seeds = campaign_seeds(opts, ctx, count=opts.instances if weak else opts.seeds)
-    with holding_out(ctx, Path(opts.out), f"mlhpc run {bench.name}{' --resume' if opts.resume else ''}"):
-        return _run_locked(opts, ctx, bench, cfg, group, system, scaling, seeds)
+    resolved.cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
+    request = campaign_request(opts, resolved, "weak" if weak else "strong", stable_system_name(ctx))
+    what = f"mlhpc run {resolved.benchmark.name}{' --resume' if opts.resume else ''}"
+    with ExitStack() as claims:
+        if opts.index is None:  # --out stays locked for the whole campaign
+            claims.enter_context(holding_out(ctx, Path(opts.out), what))
+            plan = on_main(ctx, lambda: plan_and_record(request, claims))
+            data_dir = _prepare(opts, ctx, resolved, plan)
+        else:  # one index: --out locked only to plan and prepare, so Slurm tasks run side by side
+            with holding_out(ctx, Path(opts.out), f"{what} --index {opts.index}", wait_s=INDEX_WAIT_S):
+                plan = on_main(ctx, lambda: plan_and_record(request, claims))
+                data_dir = _prepare(opts, ctx, resolved, plan)
+        return _train(opts, ctx, resolved, group, plan, data_dir)
 
 
-def _run_locked(
-    opts: RunOptions,
-    ctx: DistContext,
-    bench: registry.Benchmark,
-    cfg: Any,
-    group: DistContext,
-    system: str,
-    scaling: Scaling,
-    seeds: list[int],
-) -> CampaignResult:
-    """The campaign, while rank 0 holds --out's lock."""
-    weak = scaling == "weak"
-    power = node_power(opts.power, ctx.local_rank)  # a node without a source: one line, before any work
-    org_dir = Path(opts.out) / opts.submitter
+INDEX_WAIT_S = 600
+"""How long `mlhpc run --index` waits for another run into --out to finish planning."""
 
-    def plan_and_check() -> RunPlan:
-        plan = plan_runs(org_dir, system, scaling, bench.name, seeds, cfg, opts)
-        run_fields = {"submitter": opts.submitter, "division": opts.division, "status": opts.status}
-        merge_system_json(system_json_path(org_dir, system), {**run_fields, "system_name": system})
-        return plan
 
-    plan = on_main(ctx, plan_and_check)  # a conflicting systems JSON is refused before any work
+def _prepare(opts: RunOptions, ctx: DistContext, resolved: ResolvedConfig, plan: CampaignPlan) -> Path:
+    """The dataset (generated if none was given), validated, and the submission's files."""
+    bench, cfg = resolved.benchmark, resolved.cfg
     local_root = resolve_local_dir(opts.local_dir)
     if ctx.local_rank == 0:  # each node's own local dir
         remove_stale_stage_dirs(local_root)
-    data_dir = opts.data if opts.data is not None else ensure_synthetic_data(bench, cfg, opts, ctx)
+    data_dir = plan.data if not plan.generated_data else ensure_synthetic_data(bench, cfg, plan.data, ctx)
 
     def validate_and_describe() -> None:
         bench.validate_dataset(cfg, data_dir)
-        write_submission_files(org_dir, system, bench.name, cfg, opts, ctx)
+        write_submission_files(plan, cfg, opts, ctx)
 
     on_main(ctx, validate_and_describe)
+    return data_dir
 
-    campaign = CampaignResult(org_dir=org_dir, system=system, kept=plan.kept)
-    submission = SubmissionInfo(
-        org=opts.submitter, division=opts.division, status=opts.status, platform=system
-    )
+
+def _train(
+    opts: RunOptions,
+    ctx: DistContext,
+    resolved: ResolvedConfig,
+    group: DistContext,
+    plan: CampaignPlan,
+    data_dir: Path,
+) -> CampaignResult:
+    """Train the plan's runs (on rank 0 holding their run locks)."""
+    power = node_power(opts.power, ctx.local_rank)  # a node without a source: one line, before any work
+    s = plan.settings
+    campaign = CampaignResult(org_dir=plan.org_dir, system=plan.system, kept=list(plan.kept))
+    submission = SubmissionInfo(org=s.submitter, division=s.division, status=s.status, platform=plan.system)  # type: ignore[arg-type]
     # One staging communicator for the whole campaign: building one creates process groups.
     runner = _SeedRunner(
-        bench,
-        cfg,
+        resolved.benchmark,
+        resolved.cfg,
         opts,
         data_dir,
-        org_dir,
-        system,
-        scaling,
+        plan,
         submission,
         ctx=group,
         comm=comm_for(group),
-        local_root=local_root,
+        local_root=resolve_local_dir(opts.local_dir),
         power=power,
     )
-    if weak:
+    if plan.scaling == "weak":
         instance = group.instance or 0
         campaign.results.append(runner.run(instance, plan.seeds[instance]))
         ctx.barrier()  # the job ends when its last instance does
@@ -194,7 +247,7 @@ def _run_locked(
     if opts.check and ctx.is_main:
         from mlhpc.submission_checker.command import check_command
 
-        campaign.check_status = check_command(org_dir, ruleset=opts.ruleset)
+        campaign.check_status = check_command(plan.org_dir, ruleset=s.ruleset)
     return campaign
 
 
@@ -206,9 +259,7 @@ class _SeedRunner:
     cfg: Any
     opts: RunOptions
     data_dir: Path
-    org_dir: Path
-    system: str
-    scaling: Scaling
+    plan: CampaignPlan
     submission: SubmissionInfo
     ctx: DistContext
     """The ranks that train one model: the whole job, or one instance's group."""
@@ -224,7 +275,7 @@ class _SeedRunner:
 
     def run(self, index: int, seed: int) -> tuple[int, RunResult, Path | None]:
         ctx, comm = self.ctx, self.comm
-        path = result_file(self.org_dir, self.system, self.scaling, self.bench.name, index)
+        path = self.plan.result_path(index)
         # The owner's folder holds its marker and, in data/, the staged copy (which staging finds empty).
         owned = self.local_root / f"{STAGE_PREFIX}{self.bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
         stage_dir = owned / "data"
@@ -256,62 +307,17 @@ class _SeedRunner:
                 shutil.rmtree(owned, ignore_errors=True)
         written = log.close()
         if ctx.is_main and result.breakdown is not None:
-            where = breakdown_file(self.org_dir, self.system, self.scaling, self.bench.name, index)
+            where = self.plan.breakdown_path(index)
             atomic_write_json(
                 where, {"result": str(written or path), "seed": seed, **result.breakdown.to_dict()}
             )
         return seed, result, written or path
 
 
-@dataclass(frozen=True)
-class RunPlan:
-    """Which result indices a campaign still has to run, and every index's seed."""
-
-    seeds: list[int]
-    to_run: list[int]
-    kept: list[int]
-
-
-def plan_runs(
-    org_dir: Path, system: str, scaling: Scaling, benchmark: str, seeds: list[int], cfg: Any, opts: RunOptions
-) -> RunPlan:
-    """Never overwrite a finished run. Without --resume, results already there are an error; with
-    it, successful runs are kept (their seeds fix the campaign's) and the others rerun."""
-    folder = results_dir(org_dir, system, scaling, benchmark)
-    existing = sorted(folder.glob("result_*.txt"))
-    if not existing:
-        return RunPlan(seeds=seeds, to_run=list(range(len(seeds))), kept=[])
-    if not opts.resume:
-        raise SubmissionError(
-            f"{folder} already holds {len(existing)} result file(s); pass --resume to finish "
-            "that campaign, a new --out, or move the earlier results away"
-        )
-    _check_same_config(org_dir, benchmark, cfg)
-    # A killed run's half-written logs; only ours to delete because the caller holds --out's lock.
-    for leftover in folder.glob(".result_*.tmp"):
-        leftover.unlink(missing_ok=True)
-    finished = finished_runs(folder.glob("result_*.txt"))
-    first = resumed_first_seed(finished, len(seeds), opts.first_seed, folder)
-    if first is not None:
-        seeds = [first + i for i in range(len(seeds))]
-    kept = sorted(finished)
-    return RunPlan(seeds=seeds, to_run=[i for i in range(len(seeds)) if i not in finished], kept=kept)
-
-
-def _check_same_config(org_dir: Path, benchmark: str, cfg: Any) -> None:
-    saved = implementation_dir(org_dir, benchmark, "mlhpc-pytorch") / "config.yaml"
-    if saved.is_file() and yaml.safe_load(saved.read_text()) != yaml.safe_load(yaml.safe_dump(to_dict(cfg))):
-        raise ConfigError(
-            f"the campaign being resumed ran with the config in {saved}; pass the same --config and "
-            "overrides, or a new --out"
-        )
-
-
-def ensure_synthetic_data(bench: registry.Benchmark, cfg: Any, opts: RunOptions, ctx: DistContext) -> Path:
-    """The benchmark's synthetic dataset in <out>/datasets/<benchmark>-<config>/, generated once
-    and reused after (the folder rule is `generation.generate_dataset`'s). Rank 0 does it, holding
+def ensure_synthetic_data(bench: registry.Benchmark, cfg: Any, data_dir: Path, ctx: DistContext) -> Path:
+    """The benchmark's synthetic dataset in `data_dir` (campaign.dataset_dir), generated once and
+    reused after (the folder rule is `generation.generate_dataset`'s). Rank 0 does it, holding
     --out's lock; its error reaches every rank."""
-    data_dir = Path(opts.out) / "datasets" / f"{bench.name}-{Path(opts.config).stem}"
     fix = f"pass --data {data_dir} to train on them, or move it away so that mlhpc generates a dataset there"
     on_main(
         ctx,
@@ -322,36 +328,23 @@ def ensure_synthetic_data(bench: registry.Benchmark, cfg: Any, opts: RunOptions,
     return data_dir
 
 
-def write_submission_files(
-    org_dir: Path, system: str, benchmark: str, cfg: Any, opts: RunOptions, ctx: DistContext
-) -> None:
+def write_submission_files(plan: CampaignPlan, cfg: Any, opts: RunOptions, ctx: DistContext) -> None:
     """systems/<system>.json (merged into the one there: see merge_system_json) and the
     implementation folder with the resolved config."""
+    s = plan.settings
     description = describe_system(
-        ctx, submitter=opts.submitter, division=opts.division, status=opts.status, system=system
+        ctx, submitter=s.submitter, division=s.division, status=s.status, system=plan.system
     )
-    write_system_json(system_json_path(org_dir, system), description)
-    impl = implementation_dir(org_dir, benchmark, "mlhpc-pytorch")
+    write_system_json(system_json_path(plan.org_dir, plan.system), description)
+    impl = implementation_dir(plan.org_dir, plan.benchmark, "mlhpc-pytorch")
     atomic_write_text(impl / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(
         impl / "README.md",
-        f"# {benchmark} with mlhpc {__version__}\n\n"
-        f"Trained by `mlhpc run {benchmark} --config {opts.config}` with the overrides "
+        f"# {plan.benchmark} with mlhpc {__version__}\n\n"
+        f"Trained by `mlhpc run {plan.benchmark} --config {opts.config}` with the overrides "
         f"{list(opts.overrides) or 'none'}; `config.yaml` is the resolved configuration.\n"
         "The code is the `mlhpc` package of the same version.\n",
     )
-
-
-def campaign_seeds(opts: RunOptions, ctx: DistContext, count: int | None = None) -> list[int]:
-    """`count` (default --seeds) distinct positive seeds: first_seed, first_seed+1, ... from
-    --first-seed or from a random first seed chosen by rank 0."""
-    count = opts.seeds if count is None else count
-    if count <= 0:
-        raise ConfigError(f"--seeds {count} must be at least 1")
-    first = opts.first_seed
-    if first is None:
-        first = ctx.broadcast_object(int.from_bytes(os.urandom(3), "little") + 1)
-    return [first + i for i in range(count)]
 
 
 def on_main(ctx: DistContext, work: Callable[[], T]) -> T:
@@ -370,16 +363,25 @@ def on_main(ctx: DistContext, work: Callable[[], T]) -> T:
 
 
 @contextmanager
-def holding_out(ctx: DistContext, out: Path, what: str) -> Iterator[None]:
+def holding_out(ctx: DistContext, out: Path, what: str, wait_s: float = 0) -> Iterator[None]:
     """Rank 0 holds `out`'s lock (results, datasets, breakdowns: all a campaign writes) for the
     block; a second campaign into `out` is refused on every rank before it deletes, generates or
-    trains anything."""
+    trains anything (after waiting up to `wait_s` for the holder to let go)."""
     with ExitStack() as held:
-        on_main(
-            ctx,
-            lambda: held.enter_context(folder_lock(out, what, "wait for it to end, or pass another --out")),
-        )
+        on_main(ctx, lambda: _take_lock(held, out, what, wait_s))
         yield
+
+
+def _take_lock(held: ExitStack, out: Path, what: str, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            held.enter_context(folder_lock(out, what, "wait for it to end, or pass another --out"))
+            return
+        except FolderBusy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1)
 
 
 def _stage(

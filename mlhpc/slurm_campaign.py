@@ -1,5 +1,7 @@
-"""`mlhpc run --slurm`: a strong-scaling campaign as Slurm jobs, one per seed through run_and_time.sh,
-then one job that checks the submission. The script builders are pure; `submit` calls sbatch."""
+"""`mlhpc run --slurm`: a strong-scaling campaign as Slurm jobs, one per seed through run_and_time.sh
+(which runs `mlhpc run --index I`, writing result_I.txt straight into the submission), then one
+job that checks the submission. The plan is `campaign.plan_campaign`'s; the script builders are
+pure; `submit` calls sbatch."""
 
 from __future__ import annotations
 
@@ -7,29 +9,38 @@ import argparse
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlhpc.campaign import (
+    CAMPAIGN_FILE,
+    SETTING_FLAGS,
+    CampaignPlan,
+    CampaignRequest,
+    given_settings,
+    plan_campaign,
+    read_campaign_file,
+    resolve_config,
+    scan_out,
+)
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
-from mlhpc.resume import finished_runs, resumed_first_seed
+from mlhpc.common.locks import folder_lock
 from mlhpc.staging.manifest import MANIFEST_NAME
 
 SBATCH_TIMEOUT_S = 60
-# `mlhpc run` flags a seed job passes on to its own `mlhpc run` (attribute, flag).
+# `mlhpc run` flags a seed job passes on to its own `mlhpc run` (attribute, flag); the
+# submission-wide settings (submitter, system, ...) reach it through <out>/campaign.json.
 _PASSED_ON = (
-    ("submitter", "--submitter"),
-    ("division", "--division"),
-    ("status", "--status"),
-    ("ruleset", "--ruleset"),
     ("staging", "--staging"),
+    ("io", "--io"),
     ("backend", "--backend"),
     ("device", "--device"),
     ("local_dir", "--local-dir"),
 )
+_SWITCHES = (("clear_cache", "--clear-cache"), ("durable", "--durable"), ("resume", "--resume"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +77,8 @@ class SlurmCampaign:
     config: str
     out: Path
     submitter: str
-    system: str
+    system: str | None
+    """None: the first seed job names it from its hardware (stable_system_name)."""
     ruleset: str
     seeds: tuple[int, ...]
     """The seed of result_<i>.txt, for every i of the campaign."""
@@ -120,15 +132,44 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def campaign_from_args(args: argparse.Namespace) -> SlurmCampaign:
-    """The campaign `mlhpc run ... --slurm` asks for; refuses what a job per seed cannot do."""
+def campaign_request(args: argparse.Namespace) -> CampaignRequest:
+    """The campaign `mlhpc run ... --slurm` asks for, its config loaded and validated here on the
+    login node; refuses what a job per seed cannot do."""
     if getattr(args, "instances", 1) > 1:
         raise ConfigError("--slurm submits the seeds of a strong-scaling campaign; drop --instances")
+    if getattr(args, "index", None) is not None:
+        raise ConfigError("--slurm submits a job per index itself; drop --index")
     if args.seeds < 1:
         raise ConfigError(f"--seeds {args.seeds} must be at least 1")
     bad = [o for o in args.overrides if any(c.isspace() for c in o)]
     if bad:
         raise ConfigError(f"override {bad[0]!r} holds whitespace, which run_and_time.sh splits on; remove it")
+    resolved = resolve_config(args.benchmark, args.config, tuple(args.overrides))
+    flags = {name: getattr(args, name, None) for name in SETTING_FLAGS}
+    return CampaignRequest(
+        benchmark=resolved.benchmark.name,
+        config=str(Path(args.config).absolute()) if Path(args.config).suffix else args.config,
+        config_id=resolved.config_id,
+        out=Path(args.out).absolute(),
+        seeds=args.seeds,
+        first_seed=args.first_seed,
+        resume=getattr(args, "resume", False),
+        data=Path(args.data).absolute() if args.data else None,
+        settings=given_settings(getattr(args, "campaign", None), flags),
+        default_system=None,  # the login node's hardware is not the compute nodes'
+        default_division=resolved.default_division,
+    )
+
+
+def plan(request: CampaignRequest) -> CampaignPlan:
+    """`campaign.plan_campaign` on what --out holds now."""
+    recorded = read_campaign_file(request.out / CAMPAIGN_FILE)
+    scan = scan_out(request.out, request.benchmark, request.scaling)
+    return plan_campaign(request, recorded, scan, lambda: secrets.randbelow(1 << 24) + 1)
+
+
+def slurm_campaign(args: argparse.Namespace, p: CampaignPlan, request: CampaignRequest) -> SlurmCampaign:
+    """The job scripts' view of plan `p`."""
     resources = SlurmResources(
         nodes=args.slurm_nodes,
         ntasks_per_node=args.slurm_ntasks_per_node,
@@ -136,66 +177,29 @@ def campaign_from_args(args: argparse.Namespace) -> SlurmCampaign:
         partition=args.slurm_partition,
         sbatch_args=tuple(args.sbatch_arg),
     )
-    out = Path(args.out).absolute()
-    ranks = resources.nodes * resources.ntasks_per_node
-    # Seed jobs may land on different nodes: fix the system name now so every result shares one folder.
-    system = args.system or f"{socket.gethostname().split('.')[0] or 'host'}_slurm_n{ranks}"
-    seeds, to_run = plan_seeds(
-        out, args.submitter, args.benchmark, args.seeds, args.first_seed, getattr(args, "resume", False)
-    )
-    data = (
-        Path(args.data).absolute()
-        if args.data
-        else out / "datasets" / f"{args.benchmark}-{Path(args.config).stem}"
-    )
-    flags: list[str] = ["--system", system]
+    flags: list[str] = []
     for attribute, flag in _PASSED_ON:
         value = getattr(args, attribute, None)
         if value is not None:
             flags += [flag, str(Path(value).absolute()) if attribute == "local_dir" else str(value)]
-    if getattr(args, "clear_cache", False):
-        flags.append("--clear-cache")
+    flags += [flag for attribute, flag in _SWITCHES if getattr(args, attribute, False)]
     return SlurmCampaign(
-        benchmark=args.benchmark,
-        config=str(Path(args.config).absolute()) if Path(args.config).suffix else args.config,
-        out=out,
-        submitter=args.submitter,
-        system=system,
-        ruleset=args.ruleset,
-        seeds=tuple(seeds),
-        to_run=tuple(to_run),
-        data=data,
-        generate=args.data is None and not (data / MANIFEST_NAME).is_file(),
+        benchmark=p.benchmark,
+        config=request.config,
+        out=p.out,
+        submitter=p.settings.submitter,
+        system=p.settings.system,
+        ruleset=p.settings.ruleset,
+        seeds=p.seeds,
+        to_run=p.to_run,
+        data=p.data,
+        generate=p.generated_data and not (p.data / MANIFEST_NAME).is_file(),
         overrides=tuple(args.overrides),
         run_flags=tuple(flags),
         run_and_time=find_run_and_time(),
         mlhpc_cmd=(sys.executable, "-m", "mlhpc"),
         resources=resources,
     )
-
-
-def plan_seeds(
-    out: Path, submitter: str, benchmark: str, count: int, first_seed: int | None, resume: bool
-) -> tuple[list[int], list[int]]:
-    """(seed of every index, indices to run). Finished results in `out` are an error, or with
-    `resume` are kept and fix the first seed; the first seed is otherwise random."""
-    existing = sorted(out.glob(f"{submitter}/results/*/strong/{benchmark}/result_*.txt"))
-    if existing and not resume:
-        raise SubmissionError(
-            f"{existing[0].parent} already holds {len(existing)} result file(s); pass --resume to "
-            "submit only the missing seeds, or a new --out"
-        )
-    finished = finished_runs(existing)
-    unfinished = [p for p in existing if p.stem.rsplit("_", 1)[-1] not in {str(i) for i in finished}]
-    if unfinished:
-        raise SubmissionError(f"{unfinished[0]} is not a finished run; move it away, then resume")
-    first_seed = resumed_first_seed(finished, count, first_seed, existing[0].parent if existing else out)
-    if first_seed is None:
-        first_seed = secrets.randbelow(1 << 24) + 1
-    if first_seed < 1:
-        raise ConfigError(f"--first-seed {first_seed} must be a positive integer")
-    seeds = [first_seed + i for i in range(count)]
-    return seeds, [i for i in range(count) if i not in finished]
 
 
 def find_run_and_time() -> Path:
@@ -238,7 +242,7 @@ def _script(header: str, sbatch_lines: list[str], body: list[str]) -> str:
 
 
 def seed_script(c: SlurmCampaign, index: int) -> str:
-    """The job that trains seed `index` on every task of its allocation and files result_<index>.txt."""
+    """The job that trains seed `index` on every task of its allocation into result_<index>.txt."""
     sbatch = directives(
         c.resources, job_name=f"mlhpc-{c.benchmark}-{index}", output=c.slurm_dir / f"seed_{index}-%j.out"
     )
@@ -364,12 +368,19 @@ def _sbatch(executable: str, script: Path, *options: str) -> str:
 
 
 def run_slurm_campaign(args: argparse.Namespace) -> int:
-    """`mlhpc run --slurm`: print the plan (--dry-run) or submit it and print the job ids."""
-    campaign = campaign_from_args(args)
+    """`mlhpc run --slurm`: print the plan (--dry-run) or submit it and print the job ids. The
+    config is validated first; the plan, the campaign file and the submission happen under
+    --out's lock, so a second submission into --out waits for none and mixes nothing."""
+    request = campaign_request(args)
     if args.dry_run:
-        print(dry_run_text(campaign), end="")
+        print(dry_run_text(slurm_campaign(args, plan(request), request)), end="")
         return 0
-    jobs = submit(campaign)
+    fix = "wait for it to end, or pass another --out"
+    with folder_lock(request.out, f"mlhpc run {request.benchmark} --slurm", fix):
+        planned = plan(request)
+        campaign = slurm_campaign(args, planned, request)
+        atomic_write_json(request.out / CAMPAIGN_FILE, planned.record.to_json())
+        jobs = submit(campaign)
     for i, job in jobs.seeds.items():
         print(f"seed job {job}: seed {campaign.seeds[i]} -> result_{i}.txt")
     if jobs.generate:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,20 @@ RUN_FIELDS: dict[str, str] = {
 }
 
 
-def default_system_name(ctx: DistContext) -> str:
-    kind = "gpu" if ctx.device.type == "cuda" else "cpu"
-    return f"{platform.node().split('.')[0] or 'host'}_{kind}_n{ctx.world_size}"
+def stable_system_name(ctx: DistContext) -> str:
+    """A system name from the hardware, the same on every node and container of one machine type
+    (the host name is not: in a container it is the container's random id): the GPU's or else
+    the CPU's model, the device kind and the ranks, e.g. `nvidia_h100_80gb_hbm3_gpu_n8`."""
+    cuda = ctx.device.type == "cuda"
+    model = torch.cuda.get_device_name(ctx.device) if cuda else _cpu_model()
+    return hardware_slug(model, "gpu" if cuda else "cpu", ctx.world_size)
+
+
+def hardware_slug(model: str, kind: str, ranks: int) -> str:
+    """`model` as a folder name without vendor marks and clock speed, then kind and ranks."""
+    text = re.sub(r"\((r|tm|c)\)|\bcpu\b|\bprocessor\b|@.*$|\d+-core", " ", model.lower())
+    slug = re.sub(r"[^a-z0-9]+", "_", text).strip("_")[:48].strip("_") or "unknown"
+    return f"{slug}_{kind}_n{ranks}"
 
 
 def describe_system(

@@ -120,8 +120,8 @@ def test_dry_run_builds_one_seed_command() -> None:
         "cosmoflow",
         "--config",
         "mini",
-        "--seeds",
-        "1",
+        "--index",
+        "0",
         "--first-seed",
         "7",
         "--out",
@@ -174,9 +174,19 @@ def test_dry_run_without_mlhpc_on_path_uses_python_module(tmp_path: Path) -> Non
     assert words[:4] == [sys.executable, "-m", "mlhpc", "run"]
 
 
-def test_dry_run_with_run_index_uses_its_own_folder() -> None:
+def test_dry_run_with_run_index_runs_that_index_straight_into_out() -> None:
     words = dry_run(SEED="5", OUT="/runs/x", RUN_INDEX="4")
-    assert words[words.index("--out") + 1] == "/runs/x/.run_and_time/cosmoflow-4"
+    assert words[words.index("--out") + 1] == "/runs/x"
+    assert words[words.index("--index") + 1] == "4"
+    assert words[words.index("--first-seed") + 1] == "1"  # index 4 of a campaign from seed 1 is seed 5
+
+
+def test_run_and_time_lays_out_nothing() -> None:
+    """A thin timing wrapper: mlhpc writes the result into the submission, the script moves,
+    links, globs or removes no file."""
+    code = "\n".join(line.split("#", 1)[0] for line in RUN_AND_TIME.read_text().splitlines())
+    for word in ("rm ", "mv ", "ln ", "cp ", "find ", "results/", "shopt", "mkdir"):
+        assert word not in code, word
 
 
 def test_random_seed_is_positive() -> None:
@@ -191,6 +201,7 @@ def test_random_seed_is_positive() -> None:
         ({"OUT": "/runs/x", "SEED": "0"}, "SEED=0 must be a positive integer"),
         ({"OUT": "/runs/x", "SEED": "abc"}, "SEED=abc must be a positive integer"),
         ({"OUT": "/runs/x", "SEED": "1", "RUN_INDEX": "01"}, "RUN_INDEX=01"),
+        ({"OUT": "/runs/x", "SEED": "3", "RUN_INDEX": "3"}, "SEED=3 must be above RUN_INDEX=3"),
     ],
 )
 def test_bad_environment_is_exit_2(extra: dict[str, str], message: str) -> None:
@@ -199,13 +210,17 @@ def test_bad_environment_is_exit_2(extra: dict[str, str], message: str) -> None:
     assert message in proc.stderr
 
 
-def test_taken_run_index_is_refused(tmp_path: Path) -> None:
+def test_taken_run_index_is_refused_by_mlhpc(tmp_path: Path) -> None:
+    """An unfinished result at the index: mlhpc refuses it (it reruns one only with --resume)."""
     taken = tmp_path / "mlhpc" / "results" / "sys" / "strong" / "cosmoflow" / "result_3.txt"
     taken.parent.mkdir(parents=True)
     taken.write_text("")
-    proc = run_script(RUN_AND_TIME, shell_env(OUT=str(tmp_path), SEED="1", RUN_INDEX="3"))
-    assert proc.returncode == 2
-    assert "result_3.txt already exists" in proc.stderr
+    (tmp_path / "campaign.json").write_text(json.dumps({"settings": {"system": "sys"}}))
+    proc = run_script(RUN_AND_TIME, shell_env(OUT=str(tmp_path), SEED="9", RUN_INDEX="3"), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "result_3.txt of the cosmoflow strong-scaling campaign" in proc.stderr
+    assert "pass --resume" in proc.stderr
+    assert taken.read_text() == ""
 
 
 # ---------------------------------------------------------------------------------------------

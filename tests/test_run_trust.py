@@ -160,13 +160,21 @@ def test_systems_json_keeps_hand_added_fields_and_refuses_a_conflicting_division
     assert path.read_bytes() == before  # nothing was missing: the file is left as the user wrote it
 
     results = tmp_path / "out" / RESULTS
-    for args in (
-        run_args(tmp_path, "--resume", "--division", "open", seeds=2),
+    campaign = tmp_path / "out" / "campaign.json"
+    for args, message in (
+        (
+            run_args(tmp_path, "--resume", "--division", "open", seeds=2),
+            f"--division open differs from {campaign}'s division closed",
+        ),
         # A second benchmark whose mini config goes in the open division by default.
-        ["run", "deepcam", "--out", str(tmp_path / "out"), "--system", "ci", "--no-check"],
+        (
+            ["run", "deepcam", "--out", str(tmp_path / "out"), "--system", "ci", "--no-check"],
+            f"this config goes in the open division (its closed rules need the real dataset), but {campaign} "
+            "records division closed; pass --division closed",
+        ),
     ):
         error = one_line_error(run(args, tmp_path))
-        assert f"{path} has division='closed' but this run's is 'open'; pass --division closed" in error
+        assert message in error
         assert path.read_bytes() == before
     assert finished_runs(results.glob("result_*.txt")) == {0: 9, 1: 10}
     assert not (tmp_path / "out/datasets/deepcam-mini").exists()  # refused before generating
@@ -329,7 +337,9 @@ def test_a_full_out_is_one_line_and_the_resume_completes_the_campaign(tmp_path: 
     made = run(["generate", "cosmoflow", "--out", str(data), *TINY], tmp_path)
     assert made.returncode == 0, made.stderr
     out.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(out)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(out)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:

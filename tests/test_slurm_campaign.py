@@ -12,13 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from mlhpc.campaign import CAMPAIGN_FILE, read_campaign_file
+from mlhpc.cli import build_parser
+from mlhpc.commands.run import _run_options
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.slurm_campaign import (
     SlurmCampaign,
     SlurmResources,
+    campaign_request,
     check_script,
     dry_run_text,
-    plan_seeds,
+    plan,
     scripts,
     seed_script,
     submit,
@@ -41,7 +45,7 @@ def campaign(tmp_path: Path, **changes: object) -> SlurmCampaign:
         "data": tmp_path / "data",
         "generate": True,
         "overrides": ("loop.max_epochs=20",),
-        "run_flags": ("--system", "sys_n4", "--submitter", "org"),
+        "run_flags": ("--staging", "inside", "--resume"),
         "run_and_time": REPO / "run_and_time.sh",
         "mlhpc_cmd": (sys.executable, "-m", "mlhpc"),
         "resources": SlurmResources(
@@ -92,10 +96,12 @@ def test_seed_script_runs_run_and_time_for_its_seed(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     words = shlex.split(proc.stdout)
     assert words[:5] == ["srun", "--kill-on-bad-exit=1", sys.executable, "-m", "mlhpc"]
-    assert words[words.index("--first-seed") + 1] == "102"
-    assert words[words.index("--out") + 1] == f"{c.out}/.run_and_time/cosmoflow-2"
+    # Index 2 of the campaign whose seeds start at 100, straight into the submission.
+    assert words[words.index("--index") + 1] == "2"
+    assert words[words.index("--first-seed") + 1] == "100"
+    assert words[words.index("--out") + 1] == str(c.out)
     assert words[words.index("--data") + 1] == str(c.data)
-    assert words[words.index("--system") + 1] == "sys_n4"
+    assert "--system" not in words and "--resume" in words  # the settings come from campaign.json
     assert words[-1] == "loop.max_epochs=20"
 
 
@@ -134,12 +140,51 @@ def test_bad_sbatch_arg_is_refused(arg: str) -> None:
         SlurmResources(sbatch_args=(arg,))
 
 
+def slurm_args(out: Path, *extra: str) -> argparse.Namespace:
+    return build_parser("run").parse_args(
+        ["run", "cosmoflow", "loop.max_epochs=20", "--out", str(out), "--slurm", *extra]
+    )
+
+
+def plan_seeds(out: Path, count: int, first_seed: int | None, resume: bool) -> tuple[list[int], list[int]]:
+    """(seed of every index, indices to run) as `mlhpc run --slurm` plans them."""
+    extra = ["--submitter", "org", "--system", "sys", "--seeds", str(count)]
+    extra += ["--first-seed", str(first_seed)] if first_seed is not None else []
+    p = plan(campaign_request(slurm_args(out, *extra, *(["--resume"] if resume else []))))
+    return list(p.seeds), list(p.to_run)
+
+
 def test_random_first_seeds_differ_and_count_up(tmp_path: Path) -> None:
-    picks = [plan_seeds(tmp_path, "org", "cosmoflow", 3, None, resume=False) for _ in range(5)]
+    picks = [plan_seeds(tmp_path, 3, None, resume=False) for _ in range(5)]
     for seeds, to_run in picks:
         assert seeds == [seeds[0], seeds[0] + 1, seeds[0] + 2] and seeds[0] >= 1
         assert to_run == [0, 1, 2]
     assert len({seeds[0] for seeds, _ in picks}) > 1
+
+
+def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
+    """The runner's and the submitter's requests for one command line give one plan."""
+    from mlhpc.campaign import resolve_config
+    from mlhpc.runner import campaign_request as local_request
+
+    common = ["--seeds", "3", "--first-seed", "40", "--system", "sys", "--resume"]
+    write_result(tmp_path, 1, 41)  # a resumed campaign: the same kept run on both routes
+    args = build_parser("run").parse_args(
+        ["run", "cosmoflow", "loop.max_epochs=20", "--out", str(tmp_path), "--submitter", "org", *common]
+    )
+    opts = _run_options(args)
+    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
+    local = plan(local_request(opts, resolved, "strong", default_system="this_machine_n1"))
+    slurm = plan(campaign_request(slurm_args(tmp_path, "--submitter", "org", *common)))
+    assert (
+        (local.seeds, local.to_run, local.kept)
+        == (slurm.seeds, slurm.to_run, slurm.kept)
+        == ((40, 41, 42), (0, 2), (1,))
+    )
+    assert local.config_id == slurm.config_id and local.settings == slurm.settings
+    assert [local.result_path(i) for i in range(3)] == [slurm.result_path(i) for i in range(3)]
+    assert local.result_path(2) == tmp_path / "org/results/sys/strong/cosmoflow/result_2.txt"
+    assert local.breakdown_path(0) == slurm.breakdown_path(0) and local.data == slurm.data
 
 
 def write_result(out: Path, index: int, seed: int, status: str = "success") -> Path:
@@ -172,22 +217,22 @@ def write_result(out: Path, index: int, seed: int, status: str = "success") -> P
 def test_existing_results_need_resume(tmp_path: Path) -> None:
     write_result(tmp_path, 1, 501)
     with pytest.raises(SubmissionError, match="--resume"):
-        plan_seeds(tmp_path, "org", "cosmoflow", 3, None, resume=False)
+        plan_seeds(tmp_path, 3, None, resume=False)
 
 
 def test_resume_keeps_finished_seeds(tmp_path: Path) -> None:
     write_result(tmp_path, 1, 501)
-    assert plan_seeds(tmp_path, "org", "cosmoflow", 3, None, resume=True) == ([500, 501, 502], [0, 2])
+    assert plan_seeds(tmp_path, 3, None, resume=True) == ([500, 501, 502], [0, 2])
     with pytest.raises(ConfigError, match="drop --first-seed"):
-        plan_seeds(tmp_path, "org", "cosmoflow", 3, 7, resume=True)
+        plan_seeds(tmp_path, 3, 7, resume=True)
     with pytest.raises(ConfigError, match="--seeds"):
-        plan_seeds(tmp_path, "org", "cosmoflow", 1, None, resume=True)
+        plan_seeds(tmp_path, 1, None, resume=True)
 
 
-def test_resume_refuses_an_unfinished_result(tmp_path: Path) -> None:
+def test_resume_reruns_an_unfinished_result_as_the_local_runner_does(tmp_path: Path) -> None:
     write_result(tmp_path, 0, 501, status="aborted")
-    with pytest.raises(SubmissionError, match="not a finished run"):
-        plan_seeds(tmp_path, "org", "cosmoflow", 3, None, resume=True)
+    write_result(tmp_path, 1, 502)
+    assert plan_seeds(tmp_path, 3, None, resume=True) == ([501, 502, 503], [0, 2])
 
 
 def test_submit_chains_the_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,10 +269,10 @@ def test_submit_reports_an_sbatch_failure(tmp_path: Path, monkeypatch: pytest.Mo
         submit(campaign(tmp_path))
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mlhpc", *args],
-        env=cli_env(),
+        env=cli_env(**env),
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -272,3 +317,77 @@ def test_parser_takes_the_slurm_options() -> None:
     assert isinstance(args, argparse.Namespace)
     assert args.slurm and args.sbatch_arg == ["--qos=high", "--account=a"]
     assert (args.slurm_nodes, args.slurm_ntasks_per_node, args.slurm_time) == (1, 1, "01:00:00")
+
+
+def fake_sbatch(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """PATH with a stand-in sbatch that records its calls, and the file it records them in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls.txt"
+    fake = bin_dir / "sbatch"
+    fake.write_text(f'#!/bin/bash\necho "$*" >> {calls}\necho $(( $(wc -l < {calls}) + 40 ))\n')
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{cli_env()['PATH']}"}, calls
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["cosmoflw"], "no benchmark 'cosmoflw'; known:"),
+        (["cosmoflow", "optimizer.lrr=1"], "optimizer.lrr"),
+        (["cosmoflow", "--config", "mni"], "no config 'mni'"),
+    ],
+)
+def test_a_typo_fails_on_the_login_node_before_any_sbatch(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    env, calls = fake_sbatch(tmp_path)
+    proc = cli("run", *extra, "--slurm", "--out", "runs", cwd=tmp_path, **env)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not calls.exists() and not (tmp_path / "runs" / "slurm").exists()
+
+
+def test_slurm_submission_records_the_campaign_and_refuses_a_second_or_a_changed_one(tmp_path: Path) -> None:
+    env, calls = fake_sbatch(tmp_path)
+    first = cli(
+        "run", "cosmoflow", "--slurm", "--seeds", "2", "--out", "runs", "--system", "s", cwd=tmp_path, **env
+    )
+    assert first.returncode == 0, first.stderr
+    recorded = read_campaign_file(tmp_path / "runs" / CAMPAIGN_FILE)
+    assert recorded is not None and recorded.settings.system == "s"
+    assert recorded.entries["cosmoflow/strong"].seeds == 2
+    submitted = calls.read_text().count("\n")
+    assert submitted == 4  # data, two seeds, check
+
+    again = cli("run", "cosmoflow", "--slurm", "--seeds", "2", "--out", "runs", cwd=tmp_path, **env)
+    assert again.returncode == 2 and "pass --resume" in again.stderr, again.stderr
+    changed = cli(
+        "run", "cosmoflow", "--slurm", "--resume", "--out", "runs", "loop.max_epochs=3", cwd=tmp_path, **env
+    )
+    assert changed.returncode == 2 and "pass the same --config and overrides" in changed.stderr, (
+        changed.stderr
+    )
+    other = cli(
+        "run", "cosmoflow", "--slurm", "--resume", "--out", "runs", "--system", "t", cwd=tmp_path, **env
+    )
+    assert other.returncode == 2 and "one --out holds one system" in other.stderr, other.stderr
+    assert calls.read_text().count("\n") == submitted  # none of them reached sbatch
+
+    resumed = cli(
+        "run", "cosmoflow", "--slurm", "--resume", "--seeds", "2", "--out", "runs", cwd=tmp_path, **env
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    first_seed = recorded.entries["cosmoflow/strong"].first_seed
+    assert f"seed {first_seed + 1} -> result_1.txt" in resumed.stdout  # the same campaign's seeds
+
+
+def test_a_second_submission_into_a_busy_out_is_refused(tmp_path: Path) -> None:
+    from tests.conftest import lock_held_elsewhere
+
+    env, calls = fake_sbatch(tmp_path)
+    out = tmp_path / "runs"
+    with lock_held_elsewhere(out):
+        proc = cli("run", "cosmoflow", "--slurm", "--out", str(out), cwd=tmp_path, **env)
+    assert proc.returncode == 2 and "in use by" in proc.stderr, proc.stderr
+    assert not calls.exists()

@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         "mlhpc run cosmoflow --config mini --seeds 10 --out runs/\n"
         "mlhpc run cosmoflow --config mini --seeds 10 --out runs/ --resume   # after an interruption\n"
         "mlhpc run cosmoflow --config mini --instances 10 --out runs/weak   # weak scaling\n"
+        "mlhpc run cosmoflow --out runs/ --index 3   # one run, as result_3.txt of the campaign\n"
         "torchrun --nproc_per_node=2 -m mlhpc run cosmoflow --seeds 1 --out runs/",
     )
     run.add_argument("benchmark")
@@ -38,16 +39,28 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     run.add_argument(
         "--local-dir", type=Path, default=None, help="node-local staging dir (or MLHPC_LOCAL_DIR)"
     )
-    run.add_argument("--submitter", default="mlhpc")
-    run.add_argument("--system", default=None, help="system name (default <host>_<cpu|gpu>_n<ranks>)")
+    settings = "; recorded in <out>/campaign.json, which later runs into --out follow"
+    run.add_argument("--submitter", default=None, help=f"default mlhpc{settings}")
+    run.add_argument(
+        "--system",
+        default=None,
+        help=f"system name (default from the hardware: <cpu or gpu model>_<cpu|gpu>_n<ranks>){settings}",
+    )
     run.add_argument(
         "--division",
         choices=("closed", "open"),
         default=None,
         help="default closed, or open where the closed rules need the real dataset (deepcam mini)",
     )
-    run.add_argument("--status", choices=("onprem", "cloud", "preview", "research"), default="onprem")
-    run.add_argument("--ruleset", choices=RULESETS, default="3.0.0")
+    run.add_argument("--status", choices=("onprem", "cloud", "preview", "research"), default=None)
+    run.add_argument("--ruleset", choices=RULESETS, default=None, help="default 3.0.0")
+    run.add_argument(
+        "--campaign",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a campaign.json giving the submission-wide settings (submitter, system, division, ...)",
+    )
     run.add_argument(
         "--staging",
         choices=("inside", "before"),
@@ -69,6 +82,14 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         "--resume",
         action="store_true",
         help="finish an interrupted campaign in --out: keep its successful runs, rerun the rest",
+    )
+    run.add_argument(
+        "--index",
+        type=int,
+        default=None,
+        metavar="I",
+        help="run result index I of the campaign alone (seed first-seed + I), straight into --out; "
+        "refused when result_I.txt exists (with --resume: when it finished)",
     )
     run.add_argument(
         "--instances",
@@ -103,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("seeds", "instances"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} {getattr(args, name)} must be at least 1; pass --{name} 1 or more")
+    if args.index is not None and args.index < 0:
+        raise ConfigError(f"--index {args.index} must be 0 or more")
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.slurm_campaign import run_slurm_campaign
 
@@ -161,6 +184,8 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         division=args.division,
         status=args.status,
         ruleset=args.ruleset,
+        campaign=args.campaign,
+        index=args.index,
         staging=args.staging,
         staging_io=args.io,
         durable=args.durable,
@@ -199,4 +224,8 @@ def _launch_instances(args: argparse.Namespace) -> int:
             raise
     if status != 0 or args.no_check:
         return status
-    return check_command(args.out / args.submitter, ruleset=args.ruleset)
+    from mlhpc.campaign import CAMPAIGN_FILE, read_campaign_file
+
+    recorded = read_campaign_file(args.out / CAMPAIGN_FILE)  # the settings the ranks ran with
+    assert recorded is not None, "the instances' rank 0 writes the campaign file"
+    return check_command(args.out / recorded.settings.submitter, ruleset=recorded.settings.ruleset)

@@ -1,0 +1,456 @@
+"""The campaign model: options plus what `--out` already holds -> a `CampaignPlan` (seeds, result
+indices to run, data folder, system, result paths, the config's identity). The local runner, the
+instance launcher and the Slurm submitter all execute this plan. Pure but for reading `--out`;
+torch-free, so a login node plans a Slurm campaign.
+
+The campaign file, `<out>/campaign.json`, is written at the first plan into `--out` and read by
+every later run into it (a resume, a Slurm task, `mlhpc run --index`, a run in another container):
+
+    {"mlhpc_campaign": 1,
+     "settings": {"submitter": "mlhpc", "system": "xeon_8480_cpu_n2", "division": "closed",
+                  "status": "onprem", "ruleset": "3.0.0"},
+     "entries": {"cosmoflow/strong": {"config": "mini", "config_id": "3f2a...", "seeds": 10,
+                                      "first_seed": 4711}}}
+
+`settings` are the submission-wide settings: a flag (`--submitter`, `--system`, `--division`,
+`--status`, `--ruleset`) or a `--campaign FILE` of the same shape may give them; one that
+disagrees with the recorded value is refused. `system` may be null until the first run on the
+compute nodes fixes it (a Slurm campaign submitted without --system).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlhpc.common.errors import ConfigError, SubmissionError
+from mlhpc.common.layout import Scaling, breakdown_file, result_file, results_dir
+
+CAMPAIGN_FILE = "campaign.json"
+CAMPAIGN_FORMAT = 1
+MAX_CAMPAIGN_BYTES = 1 << 20
+DEFAULTS: dict[str, str] = {"submitter": "mlhpc", "status": "onprem", "ruleset": "3.0.0"}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "division": ("closed", "open"),
+    "status": ("onprem", "cloud", "preview", "research"),
+    "ruleset": ("1.0.0", "2.0.0", "3.0.0"),
+}
+SETTING_FLAGS: dict[str, str] = {
+    "submitter": "--submitter",
+    "system": "--system",
+    "division": "--division",
+    "status": "--status",
+    "ruleset": "--ruleset",
+}
+# A submitter or system names a folder of the submission: one plain path component.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The submission-wide settings of one `--out`: one value each, whatever route runs."""
+
+    submitter: str
+    system: str | None
+    """None only before the first run on the compute nodes names it (a Slurm campaign)."""
+    division: str
+    status: str
+    ruleset: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One benchmark's campaign in `--out` as the campaign file records it."""
+
+    config: str
+    """--config as given (mini, full, or a YAML path)."""
+    config_id: str
+    """`config_identity` of the resolved config: what a resume must match."""
+    seeds: int
+    first_seed: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignFile:
+    settings: Settings
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mlhpc_campaign": CAMPAIGN_FORMAT,
+            "settings": asdict(self.settings),
+            "entries": {key: asdict(entry) for key, entry in sorted(self.entries.items())},
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignRequest:
+    """What a route was asked to do: the `mlhpc run` options a plan depends on."""
+
+    benchmark: str
+    config: str
+    config_id: str
+    out: Path
+    scaling: Scaling = "strong"
+    seeds: int = 1
+    """Seeds of a strong campaign, or instances (models) of a weak one."""
+    first_seed: int | None = None
+    index: int | None = None
+    """`mlhpc run --index I`: run result index I alone (a Slurm task, run_and_time.sh)."""
+    resume: bool = False
+    data: Path | None = None
+    settings: Mapping[str, str | None] = field(default_factory=dict)
+    """The settings the user gave (flags, --campaign FILE); None or absent: not given."""
+    default_system: str | None = None
+    """This machine's stable name (system_desc.stable_system_name); None on a login node."""
+    default_division: str = "closed"
+    """The benchmark's division for this config when nothing else names one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResultScan:
+    """What an entry's results folder holds."""
+
+    present: frozenset[int] = frozenset()
+    """Indices with a result_<i>.txt."""
+    finished: Mapping[int, int] = field(default_factory=dict)
+    """{index: seed} of the results that reached run_stop with status success."""
+    folder: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignPlan:
+    """One campaign, the same on every route."""
+
+    out: Path
+    benchmark: str
+    scaling: Scaling
+    settings: Settings
+    config_id: str
+    seeds: tuple[int, ...]
+    """The seed of result_<i>.txt for every i of the campaign."""
+    to_run: tuple[int, ...]
+    kept: tuple[int, ...]
+    """Finished indices a resumed campaign keeps."""
+    data: Path
+    generated_data: bool
+    """True when `data` is mlhpc's synthetic dataset folder (no --data given)."""
+    record: CampaignFile
+    """The campaign file as it stands after this plan."""
+
+    @property
+    def org_dir(self) -> Path:
+        return self.out / self.settings.submitter
+
+    @property
+    def system(self) -> str:
+        assert self.settings.system is not None, "the system is named by the first run on a compute node"
+        return self.settings.system
+
+    def result_path(self, index: int) -> Path:
+        return result_file(self.org_dir, self.system, self.scaling, self.benchmark, index)
+
+    def breakdown_path(self, index: int) -> Path:
+        return breakdown_file(self.org_dir, self.system, self.scaling, self.benchmark, index)
+
+    def run_lock_dir(self, index: int) -> Path:
+        """The folder whose lock the run of `index` holds while it trains (outside the submission)."""
+        s = self.settings
+        return (
+            self.out / ".mlhpc-runs" / f"{s.submitter}-{self.system}-{self.scaling}-{self.benchmark}-{index}"
+        )
+
+    @property
+    def results_dir(self) -> Path:
+        return results_dir(self.org_dir, self.system, self.scaling, self.benchmark)
+
+
+def config_identity(benchmark: str, resolved: Mapping[str, Any]) -> str:
+    """A short hash of the benchmark and its resolved config (`config.to_dict`): equal on a login
+    node and a compute node for the same --config and overrides."""
+    text = json.dumps({"benchmark": benchmark, "config": resolved}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def dataset_dir(out: Path, benchmark: str, config: str) -> Path:
+    """Where a campaign without --data generates its synthetic dataset (the only place this is
+    worked out)."""
+    return Path(out) / "datasets" / f"{benchmark}-{Path(config).stem}"
+
+
+def entry_key(benchmark: str, scaling: Scaling) -> str:
+    return f"{benchmark}/{scaling}"
+
+
+def resolve_settings(
+    given: Mapping[str, str | None],
+    recorded: Settings | None,
+    where: Path,
+    *,
+    default_system: str | None,
+    default_division: str,
+) -> Settings:
+    """Each setting: the one given, else the recorded one, else the default. A given value that
+    differs from the recorded one is a ConfigError naming the flag, both values and the fix."""
+    if (
+        given.get("division") is None
+        and recorded is not None
+        and recorded.division != default_division == "open"
+    ):
+        raise ConfigError(
+            f"this config goes in the open division (its closed rules need the real dataset), but {where} "
+            f"records division {recorded.division}; pass --division {recorded.division} to put it there, "
+            "or a new --out"
+        )
+    values: dict[str, str | None] = {}
+    for name, flag in SETTING_FLAGS.items():
+        wanted = given.get(name)
+        have = getattr(recorded, name) if recorded is not None else None
+        if wanted is not None:
+            check_setting(name, wanted, flag)
+            if have is not None and have != wanted:
+                fix = "drop it" if name != "system" else "run on the machine type the campaign started on"
+                raise ConfigError(
+                    f"{flag} {wanted} differs from {where}'s {name} {have}: one --out holds one "
+                    f"{'system' if name == 'system' else 'campaign setting'}; {fix}, pass {flag} {have}, "
+                    "or a new --out"
+                )
+        defaults = {**DEFAULTS, "system": default_system, "division": default_division}
+        values[name] = wanted if wanted is not None else have if have is not None else defaults[name]
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def check_setting(name: str, value: str, where: str) -> None:
+    """A ConfigError unless `value` may be setting `name` (a folder name, or one of its choices)."""
+    if name in CHOICES:
+        if value not in CHOICES[name]:
+            raise ConfigError(f"{where}: {name} {value!r} is not one of {', '.join(CHOICES[name])}")
+    elif not isinstance(value, str) or not _NAME.match(value):
+        raise ConfigError(f"{where}: {name} {value!r} must be a plain folder name (letters, digits, . _ + -)")
+
+
+def plan_campaign(
+    request: CampaignRequest,
+    recorded: CampaignFile | None,
+    scan: Callable[[Settings], ResultScan],
+    random_first_seed: Callable[[], int],
+) -> CampaignPlan:
+    """The campaign `request` asks for, given the campaign file already in --out (`recorded`) and
+    `scan(settings)`, what the entry's results folder holds. The one resume rule:
+    - a recorded entry is the campaign: a changed config is refused; a new full campaign needs
+      --resume to add to it (an --index run is part of it and needs none);
+    - a finished result is never rerun; an unfinished one only with --resume;
+    - the finished runs fix the seeds (index i ran first_seed + i)."""
+    where = Path(request.out) / CAMPAIGN_FILE
+    settings = resolve_settings(
+        request.settings,
+        recorded.settings if recorded else None,
+        where,
+        default_system=request.default_system,
+        default_division=request.default_division,
+    )
+    key = entry_key(request.benchmark, request.scaling)
+    entry = recorded.entries.get(key) if recorded else None
+    fresh = ResultScan() if settings.system is None else scan(settings)
+    _check_entry(request, entry, fresh, where)
+    count = max(request.seeds, entry.seeds if entry and request.index is not None else 0)
+    if request.index is not None:
+        count = max(count, request.index + 1)
+    first = _first_seed(request, entry, fresh, count, where) or random_first_seed()
+    seeds = tuple(first + i for i in range(count))
+    if request.index is not None:
+        to_run: tuple[int, ...] = (request.index,)
+    else:
+        to_run = tuple(i for i in range(count) if i not in fresh.finished)
+    data = (
+        Path(request.data)
+        if request.data is not None
+        else dataset_dir(request.out, request.benchmark, request.config)
+    )
+    new_entry = Entry(config=request.config, config_id=request.config_id, seeds=count, first_seed=first)
+    entries = {**(recorded.entries if recorded else {}), key: new_entry}
+    return CampaignPlan(
+        out=Path(request.out),
+        benchmark=request.benchmark,
+        scaling=request.scaling,
+        settings=settings,
+        config_id=request.config_id,
+        seeds=seeds,
+        to_run=to_run,
+        kept=tuple(sorted(i for i in fresh.finished if i not in to_run)),
+        data=data,
+        generated_data=request.data is None,
+        record=CampaignFile(settings=settings, entries=entries),
+    )
+
+
+def _check_entry(request: CampaignRequest, entry: Entry | None, fresh: ResultScan, where: Path) -> None:
+    name = f"the {request.benchmark} {request.scaling}-scaling campaign in {request.out}"
+    if entry is not None and entry.config_id != request.config_id:
+        raise ConfigError(
+            f"{name} ran with --config {entry.config} and other overrides (config {entry.config_id} "
+            f"in {where}); pass the same --config and overrides, or a new --out"
+        )
+    index = request.index
+    if index is not None:
+        if index < 0:
+            raise ConfigError(f"--index {index} must be 0 or more")
+        if index in fresh.finished:
+            raise SubmissionError(f"result_{index}.txt of {name} already exists; pick another --index")
+        if index in fresh.present and not request.resume:
+            raise SubmissionError(
+                f"result_{index}.txt of {name} is an unfinished run; pass --resume to run it again"
+            )
+        return
+    if (entry is not None or fresh.present) and not request.resume:
+        fix = "pass --resume to finish that campaign, " if request.scaling == "strong" else ""
+        held = (
+            f"{fresh.folder} already holds {len(fresh.present)} result file(s)"
+            if fresh.present and fresh.folder is not None
+            else f"{where} already records {name}"
+        )
+        raise SubmissionError(f"{held}; {fix}a new --out, or move the earlier results away")
+
+
+def _first_seed(
+    request: CampaignRequest, entry: Entry | None, fresh: ResultScan, count: int, where: Path
+) -> int | None:
+    """The finished runs' first seed (checked against --first-seed), else --first-seed, else the
+    recorded one; None: pick one."""
+    from mlhpc.resume import resumed_first_seed
+
+    first = resumed_first_seed(dict(fresh.finished), count, request.first_seed, fresh.folder or where.parent)
+    if first is None and entry is not None:
+        first = entry.first_seed
+    if first is not None and first < 1:
+        raise ConfigError(f"--first-seed {first} must be a positive integer")
+    return first
+
+
+def read_campaign_file(path: Path) -> CampaignFile | None:
+    """The campaign file at `path` (None when there is none), every field checked: it may have
+    been edited by hand or planted."""
+    data = _read_json(path)
+    if data is None:
+        return None
+    try:
+        values = _setting_values(data, path)
+        for name, default in {**DEFAULTS, "division": "closed"}.items():
+            values[name] = values[name] or default
+        entries = {str(key): _entry(key, entry) for key, entry in dict(data.get("entries", {})).items()}
+    except (TypeError, KeyError, AttributeError, ValueError) as e:
+        raise SubmissionError(f"{path} is not an mlhpc campaign file ({e}); fix it or move it away") from e
+    return CampaignFile(settings=Settings(**values), entries=entries)  # type: ignore[arg-type]
+
+
+def _read_json(path: Path) -> Any:
+    from mlhpc.common import safe_read
+
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    problem = safe_read.judge(path, path.parent, MAX_CAMPAIGN_BYTES, what="a campaign file")
+    if problem is not None:
+        raise SubmissionError(problem.line(path))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SubmissionError(f"{path} is not an mlhpc campaign file ({e}); fix it or move it away") from e
+
+
+def _setting_values(data: Any, path: Path) -> dict[str, str | None]:
+    """The file's settings, each checked; None where it names none."""
+    raw = data["settings"]
+    if not isinstance(raw, dict):
+        raise ValueError("settings is not an object")
+    values: dict[str, str | None] = {}
+    for name in SETTING_FLAGS:
+        value = raw.get(name)
+        if value is not None:
+            check_setting(name, value, str(path))
+        values[name] = value
+    return values
+
+
+def _entry(key: object, entry: Any) -> Entry:
+    numbers = [entry["seeds"], entry["first_seed"]]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in numbers):
+        raise ValueError(f"entry {key}: seeds and first_seed must be whole numbers from 1")
+    return Entry(
+        config=str(entry["config"]),
+        config_id=str(entry["config_id"]),
+        seeds=entry["seeds"],
+        first_seed=entry["first_seed"],
+    )
+
+
+def given_settings(path: Path | None, flags: Mapping[str, str | None]) -> dict[str, str | None]:
+    """The settings a user gave: `--campaign FILE`'s and the flags'; the two must agree."""
+    given = {name: flags.get(name) for name in SETTING_FLAGS}
+    if path is None:
+        return given
+    data = _read_json(path)
+    if data is None:
+        raise ConfigError(f"--campaign {path}: no such file; pass an existing campaign file")
+    try:
+        from_file = _setting_values(data, path)
+    except (TypeError, KeyError, AttributeError, ValueError) as e:
+        raise ConfigError(f"--campaign {path} has no settings object ({e}); fix it") from e
+    for name, value in from_file.items():
+        if value is None:
+            continue
+        if given[name] is not None and given[name] != value:
+            raise ConfigError(
+                f"{SETTING_FLAGS[name]} {given[name]} differs from --campaign {path}'s {name} {value}; "
+                "drop one of them"
+            )
+        given[name] = value
+    return given
+
+
+def scan_results(folder: Path) -> ResultScan:
+    """What a results folder holds (a result that cannot be read is a SubmissionError)."""
+    from mlhpc.resume import finished_runs
+
+    paths = sorted(Path(folder).glob("result_*.txt"))
+    present = frozenset(int(p.stem[7:]) for p in paths if p.stem[7:].isdigit())
+    return ResultScan(present=present, finished=finished_runs(paths), folder=Path(folder))
+
+
+def scan_out(out: Path, benchmark: str, scaling: Scaling) -> Callable[[Settings], ResultScan]:
+    """`plan_campaign`'s `scan` for an entry of the submission in `out`."""
+
+    def scan(settings: Settings) -> ResultScan:
+        assert settings.system is not None
+        return scan_results(results_dir(Path(out) / settings.submitter, settings.system, scaling, benchmark))
+
+    return scan
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A benchmark and its config as a run would train it, validated."""
+
+    benchmark: Any
+    """The registry.Benchmark."""
+    cfg: Any
+    config_id: str
+    default_division: str
+
+
+def resolve_config(benchmark: str, config: str, overrides: tuple[str, ...] | list[str]) -> ResolvedConfig:
+    """Load and validate `config` with `overrides` for `benchmark`: an unknown benchmark, config
+    or key is one ConfigError. Every route (the local runner, the dry run, the Slurm submitter on
+    a login node) calls this one function."""
+    from mlhpc.common import registry
+    from mlhpc.common.config import load_config, to_dict
+
+    bench = registry.get(benchmark)
+    cfg = load_config(bench.config_class, bench.config_path(config), overrides)
+    division = bench.default_division(cfg) if bench.default_division is not None else "closed"
+    return ResolvedConfig(bench, cfg, config_identity(bench.name, to_dict(cfg)), division)

@@ -1,0 +1,183 @@
+"""The campaign model (mlhpc/campaign.py): one plan for every route, the one resume rule, the
+campaign file and the settings it fixes for an --out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlhpc.campaign import (
+    CAMPAIGN_FILE,
+    CampaignFile,
+    CampaignRequest,
+    Entry,
+    ResultScan,
+    Settings,
+    config_identity,
+    given_settings,
+    plan_campaign,
+    read_campaign_file,
+)
+from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
+
+OUT = Path("/runs/out")
+SETTINGS = Settings(submitter="org", system="sys_n4", division="closed", status="onprem", ruleset="3.0.0")
+
+
+def request(**changes: object) -> CampaignRequest:
+    values: dict[str, object] = {
+        "benchmark": "cosmoflow",
+        "config": "mini",
+        "config_id": "aaaa",
+        "out": OUT,
+        "seeds": 3,
+        "settings": {"submitter": "org", "system": "sys_n4"},
+    }
+    values.update(changes)
+    return CampaignRequest(**values)  # type: ignore[arg-type]
+
+
+def recorded(seeds: int = 3, first_seed: int = 100, config_id: str = "aaaa") -> CampaignFile:
+    entry = Entry(config="mini", config_id=config_id, seeds=seeds, first_seed=first_seed)
+    return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
+
+
+def plan(req: CampaignRequest, record: CampaignFile | None = None, scan: ResultScan | None = None):
+    return plan_campaign(req, record, lambda _: scan or ResultScan(), lambda: 4242)
+
+
+def test_a_fresh_campaign_runs_every_index_from_a_random_first_seed() -> None:
+    p = plan(request())
+    assert (p.seeds, p.to_run, p.kept) == ((4242, 4243, 4244), (0, 1, 2), ())
+    assert p.result_path(1) == OUT / "org/results/sys_n4/strong/cosmoflow/result_1.txt"
+    assert p.breakdown_path(1) == OUT / "breakdown/org/sys_n4/strong/cosmoflow/result_1.json"
+    assert p.data == OUT / "datasets/cosmoflow-mini" and p.generated_data
+    assert p.record.entries["cosmoflow/strong"] == Entry(
+        config="mini", config_id="aaaa", seeds=3, first_seed=4242
+    )
+    assert (p.settings.division, p.settings.status, p.settings.ruleset) == ("closed", "onprem", "3.0.0")
+
+
+def test_an_index_run_follows_the_recorded_campaign() -> None:
+    scan = ResultScan(present=frozenset({0}), finished={0: 100})
+    p = plan(request(seeds=1, index=2, settings={}), recorded(), scan)
+    assert (p.seeds, p.to_run, p.kept) == ((100, 101, 102), (2,), (0,))
+    assert p.settings == SETTINGS  # every setting from the campaign file
+    beyond = plan(request(seeds=1, index=4, settings={}), recorded(), scan)
+    assert beyond.seeds[4] == 104 and beyond.record.entries["cosmoflow/strong"].seeds == 5
+
+
+def test_a_recorded_campaign_needs_resume_even_before_its_first_result() -> None:
+    with pytest.raises(SubmissionError, match="pass --resume"):
+        plan(request(), recorded())
+    assert plan(request(resume=True), recorded()).seeds == (100, 101, 102)
+
+
+def test_a_changed_config_is_refused_on_every_route() -> None:
+    for changes in ({"resume": True}, {"index": 1}, {"index": 0, "resume": True}):
+        with pytest.raises(ConfigError, match="pass the same --config and overrides"):
+            plan(request(config_id="bbbb", **changes), recorded())
+
+
+def test_one_out_holds_one_system() -> None:
+    with pytest.raises(ConfigError, match="one --out holds one system"):
+        plan(request(resume=True, settings={"system": "other_n4"}), recorded())
+    # Not given: the recorded one, not this machine's.
+    p = plan(request(resume=True, settings={}, default_system="this_machine_n1"), recorded())
+    assert p.system == "sys_n4"
+    with pytest.raises(ConfigError, match="--submitter x"):
+        plan(request(resume=True, settings={"submitter": "x"}), recorded())
+
+
+def test_a_login_node_leaves_the_system_to_the_first_job() -> None:
+    p = plan(request(settings={}, default_system=None))
+    assert p.settings.system is None and p.record.settings.system is None
+    first_job = plan(request(settings={}, index=0, default_system="gpu_n4"), p.record)
+    assert first_job.system == "gpu_n4"
+
+
+@pytest.mark.parametrize("bad", [{"system": "../x"}, {"submitter": "a/b"}, {"status": "home"}])
+def test_a_setting_that_is_not_a_folder_name_or_a_choice_is_refused(bad: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        plan(request(settings=bad))
+
+
+def test_campaign_file_round_trips_and_refuses_a_hostile_one(tmp_path: Path) -> None:
+    path = tmp_path / CAMPAIGN_FILE
+    path.write_text(json.dumps(recorded().to_json()))
+    assert read_campaign_file(path) == recorded()
+    assert read_campaign_file(tmp_path / "none.json") is None
+    for text in ("{", "[]", '{"settings": {"submitter": "../../etc"}}'):
+        path.write_text(text)
+        with pytest.raises(MlhpcError) as e:
+            read_campaign_file(path)
+        assert str(path) in str(e.value) and "\n" not in str(e.value)
+    path.unlink()
+    path.symlink_to("/etc/passwd")
+    with pytest.raises(SubmissionError):
+        read_campaign_file(path)
+
+
+def test_campaign_option_gives_settings_that_flags_must_agree_with(tmp_path: Path) -> None:
+    given = tmp_path / "site.json"
+    given.write_text(json.dumps({"settings": {"submitter": "lab", "system": "big_n64", "status": "cloud"}}))
+    assert given_settings(given, {"submitter": None})["system"] == "big_n64"
+    assert given_settings(given, {"submitter": "lab"})["status"] == "cloud"
+    with pytest.raises(ConfigError, match="--submitter other differs from --campaign"):
+        given_settings(given, {"submitter": "other"})
+
+
+def test_config_identity_is_the_resolved_config() -> None:
+    assert config_identity("a", {"x": 1, "y": {"z": 2}}) == config_identity("a", {"y": {"z": 2}, "x": 1})
+    assert config_identity("a", {"x": 1}) != config_identity("a", {"x": 2})
+    assert config_identity("a", {"x": 1}) != config_identity("b", {"x": 1})
+
+
+# ---------------------------------------------------------------------------------------------
+# The resume rule over any layout of existing results
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[int, int, dict[int, int], frozenset[int]]:
+    """(count, first seed, finished {index: seed}, present indices) of one campaign's results."""
+    count = draw(st.integers(1, 6))
+    first = draw(st.integers(1, 10_000))
+    present = draw(st.frozensets(st.integers(0, count - 1), max_size=count))
+    finished = {i: first + i for i in present if draw(st.booleans())}
+    return count, first, finished, present
+
+
+@settings(max_examples=300, deadline=None)
+@given(layout=layouts(), resume=st.booleans(), index=st.none() | st.integers(0, 7), record=st.booleans())
+def test_resume_rule_never_reruns_a_finished_result(
+    layout: tuple[int, int, dict[int, int], frozenset[int]], resume: bool, index: int | None, record: bool
+) -> None:
+    count, first, finished, present = layout
+    scan = ResultScan(present=present, finished=finished)
+    req = request(seeds=count, resume=resume, index=index)
+    rec = recorded(seeds=count, first_seed=first) if record else None
+    try:
+        p = plan(req, rec, scan)
+    except (ConfigError, SubmissionError) as refused:
+        message = str(refused)
+        assert "\n" not in message
+        if index is None:
+            assert not resume and (present or record), message
+        else:
+            assert index in finished or (index in present and not resume), message
+        return
+    assert not set(p.to_run) & set(finished)  # a finished result is never run over
+    assert all(p.seeds[i] == seed for i, seed in finished.items())  # its seed fixes the campaign's
+    assert p.seeds == tuple(p.seeds[0] + i for i in range(len(p.seeds)))
+    if finished or record:
+        assert p.seeds[0] == first
+    if index is None:
+        assert sorted([*p.to_run, *p.kept]) == list(range(count))
+        assert not (present - set(finished)) or resume
+    else:
+        assert p.to_run == (index,) and len(p.seeds) > index
+    assert p.record.entries["cosmoflow/strong"].first_seed == p.seeds[0]
