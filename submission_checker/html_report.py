@@ -148,7 +148,7 @@ def rcp_svg(entry: EntryReport) -> str:
     epochs = [e for e in rcp.run_epochs if e < 1e8]
     values = [*epochs, rcp.rcp_mean, rcp.min_epochs, rcp.submission_mean or rcp.rcp_mean]
     x = _scale(min(values) * 0.97, max(values) * 1.03, WIDTH)
-    height = 90
+    height = 110  # a row per label: the three means are often within a few pixels of each other
     parts = [f'<line x1="{PAD}" y1="60" x2="{WIDTH - PAD}" y2="60" stroke="#444"/>']
     for e in epochs:
         parts.append(f'<circle cx="{x(e):.1f}" cy="45" r="4" fill="#1f77b4"><title>{e:g}</title></circle>')
@@ -164,7 +164,7 @@ def rcp_svg(entry: EntryReport) -> str:
             f'<line x1="{x(value):.1f}" y1="20" x2="{x(value):.1f}" y2="66" stroke="{colour}" stroke-dasharray="4 3"/>'
         )
         parts.append(
-            f'<text x="{x(value):.1f}" y="{78 + (i % 2) * 10}" font-size="10" fill="{colour}" '
+            f'<text x="{x(value):.1f}" y="{78 + i * 11}" font-size="10" fill="{colour}" '
             f'text-anchor="middle">{label} {value:.3f}</text>'
         )
     return f'<svg width="{WIDTH}" height="{height}" role="img">{"".join(parts)}</svg>'

@@ -1,4 +1,4 @@
-"""The installed mlperf_logging is the one the checker was tested with (see README, "A new
+"""The installed mlperf_logging is the one the checker was tested with (see docs/CHECKING.md, "A new
 mlperf-logging release")."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_installed_mlperf_logging_is_the_tested_one() -> None:
         + "\n  ".join(problems)
         + "\nRun the checker's tests and perf/check_speed.py on the published rounds with it, then "
         "update TESTED_VERSIONS and the hashes in submission_checker/upstream.py and the pin in "
-        "pyproject.toml (README: A new mlperf-logging release)."
+        "pyproject.toml (docs/CHECKING.md: A new mlperf-logging release)."
     )
 
 
