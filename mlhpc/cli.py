@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import signal
 import sys
@@ -17,6 +16,7 @@ from mlhpc import __version__
 from mlhpc.commands import RULESETS, add_command
 from mlhpc.commands import run as run_command
 from mlhpc.commands import stage as stage_commands
+from mlhpc.common.debug_log import configure_console
 from mlhpc.common.errors import ConfigError, MlhpcError
 
 
@@ -60,8 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     debug = bool(os.environ.get("MLHPC_DEBUG"))  # MLHPC_DEBUG=1: the traceback instead of one line
+    configure_console(debug=debug)  # libraries' warnings: only into a run's debug log (or with debug)
     try:
         with _sigterm_raises():
             return int(args.handler(args) or 0)

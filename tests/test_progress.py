@@ -59,3 +59,34 @@ def test_clock_reads_back_to_the_second(seconds: float) -> None:
     parts = [int(p) for p in clock(seconds).split(":")]
     total = parts[0] * 3600 + parts[1] * 60 + parts[2] if len(parts) == 3 else parts[0] * 60 + parts[1]
     assert total == round(seconds) and all(p < 60 for p in parts[1:])
+
+
+LIBRARY_NOISE = """
+import logging, sys, warnings
+from pathlib import Path
+from mlhpc.common.debug_log import configure_console, debug_log
+configure_console(debug=len(sys.argv) > 2)
+with debug_log(Path(sys.argv[1]), rank=0) as path:
+    warnings.warn("a library's notice nobody can act on", UserWarning)
+    logging.getLogger("somelib").warning("somelib chatter")
+    logging.getLogger("mlhpc.staging").info("removed a stale folder")
+    logging.getLogger("mlhpc.staging").warning("a source file changed while staging")
+print(path)
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_library_warnings_go_to_the_debug_log_not_the_terminal(tmp_path: Path, debug: bool) -> None:
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", LIBRARY_NOISE, str(tmp_path), *(["debug"] if debug else [])]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True)
+    log = Path(proc.stdout.strip())
+    assert log.parent == tmp_path / "logs" and log.name.startswith("debug-") and log.name.endswith(".log")
+    written = log.read_text()
+    for line in ("a library's notice", "somelib chatter", "removed a stale folder", "a source file changed"):
+        assert line in written
+    assert "a source file changed while staging" in proc.stderr  # mlhpc's own warning is for the user
+    for noise in ("a library's notice", "somelib chatter", "removed a stale folder"):
+        assert (noise in proc.stderr) == debug, proc.stderr
