@@ -158,3 +158,19 @@ def test_catalog_facts_and_configs_load_without_torch_until_get() -> None:
         "closed_extreme_weather.yaml"
     )
     assert "extreme_weather" in seen["known"] and "cosmoflow" in seen["known"]
+
+
+def test_every_package_folder_is_listed_for_installation() -> None:
+    """A package missing from pyproject's list works in the editable checkout and is absent from
+    a real install (`pip install .`, the container image): found here, not by a user."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    folders = {name: REPO / path for name, path in setuptools["package-dir"].items()}
+    found = set()
+    for name, root in folders.items():
+        for init in root.rglob("__init__.py"):
+            parts = init.parent.relative_to(root).parts
+            if not any(p.startswith(".") or p in ("build", "tests", "perf", "docs") for p in parts):
+                found.add(".".join((name, *parts)))
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
