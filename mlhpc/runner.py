@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -193,6 +193,7 @@ INDEX_WAIT_S = 600
 
 def _prepare(opts: RunOptions, ctx: DistContext, resolved: ResolvedConfig, plan: CampaignPlan) -> Path:
     """The dataset (generated if none was given), validated, and the submission's files."""
+    check_options(replace(opts, ruleset=plan.settings.ruleset))  # the ruleset may be the campaign file's
     bench, cfg = resolved.benchmark, resolved.cfg
     local_root = resolve_local_dir(opts.local_dir)
     if ctx.local_rank == 0:  # each node's own local dir

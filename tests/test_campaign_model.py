@@ -181,3 +181,39 @@ def test_resume_rule_never_reruns_a_finished_result(
     else:
         assert p.to_run == (index,) and len(p.seeds) > index
     assert p.record.entries["cosmoflow/strong"].first_seed == p.seeds[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The default system name: the hardware's, never the host's (a container's host name is random)
+
+
+def test_default_system_name_is_the_hardware_not_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    import torch
+
+    from mlhpc.common.distributed import DistContext
+    from mlhpc.system_desc import hardware_slug, stable_system_name
+
+    assert hardware_slug("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "cpu", 2) == (
+        "intel_xeon_platinum_8480_cpu_n2"
+    )
+    assert hardware_slug("NVIDIA H100 80GB HBM3", "gpu", 8) == "nvidia_h100_80gb_hbm3_gpu_n8"
+    assert hardware_slug("AMD EPYC 7763 64-Core Processor", "cpu", 4) == "amd_epyc_7763_cpu_n4"
+    assert hardware_slug("../..", "cpu", 1) == "unknown_cpu_n1"
+    ctx = DistContext(
+        rank=0,
+        local_rank=0,
+        world_size=4,
+        local_world_size=4,
+        num_nodes=1,
+        device=torch.device("cpu"),
+        backend="none",
+        launcher="none",
+    )
+    names = set()
+    for host in ("b51eb5ad80fa", "f00dcafe1234"):  # two containers of one image on one machine
+        monkeypatch.setattr(platform, "node", lambda host=host: host)
+        names.add(stable_system_name(ctx))
+    (name,) = names
+    assert name.endswith("_cpu_n4") and "b51eb5ad80fa" not in name

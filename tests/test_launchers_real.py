@@ -248,7 +248,13 @@ def test_slurm_campaign_runs_to_a_checked_submission(slurm_cluster: SlurmCluster
     assert [p.name for p in logs] == ["result_0.txt", "result_1.txt"], job_outputs
     assert_trained(logs[0], 41, ranks=1)
     assert_trained(logs[1], 42, ranks=1)
-    assert {p.parent.parent.parent.name for p in logs} == {f"{slurm_cluster.node}_slurm_n1"}
+    # No --system: the first seed job named it from the hardware (not a host name), and the
+    # other job, on the same machine type, filed under the same one.
+    from mlhpc.system_desc import _cpu_model, hardware_slug
+
+    system = hardware_slug(_cpu_model(), "cpu", 1)
+    assert {p.parent.parent.parent.name for p in logs} == {system}
+    assert json.loads((out / "campaign.json").read_text())["settings"]["system"] == system
     assert sw_notes(out) == "mlhpc; launcher slurm; backend none"  # one rank: no process group
     (checked,) = list((out / "slurm").glob("check-*.json"))
     check_job = json.loads(checked.read_text())
