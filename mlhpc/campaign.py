@@ -24,7 +24,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,8 @@ class ResultScan:
     finished: Mapping[int, int] = field(default_factory=dict)
     """{index: seed} of the results that reached run_stop with status success."""
     folder: Path | None = None
+    other_systems: frozenset[str] = frozenset()
+    """Systems other than the plan's with a results folder in the submission (none is allowed)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +259,12 @@ def plan_campaign(
     key = entry_key(request.benchmark, request.scaling)
     entry = recorded.entries.get(key) if recorded else None
     fresh = ResultScan() if settings.system is None else scan(settings)
+    if fresh.other_systems:
+        other = sorted(fresh.other_systems)[0]
+        raise ConfigError(
+            f"{request.out}/{settings.submitter}/results holds system {other}, not {settings.system}: one "
+            f"--out holds one system; pass --system {other}, or a new --out"
+        )
     _check_entry(request, entry, fresh, where)
     count = max(request.seeds, entry.seeds if entry and request.index is not None else 0)
     if request.index is not None:
@@ -293,8 +301,8 @@ def _check_entry(request: CampaignRequest, entry: Entry | None, fresh: ResultSca
     name = f"the {request.benchmark} {request.scaling}-scaling campaign in {request.out}"
     if entry is not None and entry.config_id != request.config_id:
         raise ConfigError(
-            f"{name} ran with --config {entry.config} and other overrides (config {entry.config_id} "
-            f"in {where}); pass the same --config and overrides, or a new --out"
+            f"{name} was planned with another config (--config {entry.config} and its overrides, "
+            f"config id {entry.config_id} in {where}); pass the same --config and overrides, or a new --out"
         )
     index = request.index
     if index is not None:
@@ -427,7 +435,10 @@ def scan_out(out: Path, benchmark: str, scaling: Scaling) -> Callable[[Settings]
 
     def scan(settings: Settings) -> ResultScan:
         assert settings.system is not None
-        return scan_results(results_dir(Path(out) / settings.submitter, settings.system, scaling, benchmark))
+        org_dir = Path(out) / settings.submitter
+        found = scan_results(results_dir(org_dir, settings.system, scaling, benchmark))
+        systems = {p.name for p in (org_dir / "results").glob("*") if p.is_dir() and not p.is_symlink()}
+        return replace(found, other_systems=frozenset(systems - {settings.system}))
 
     return scan
 

@@ -217,3 +217,15 @@ def test_default_system_name_is_the_hardware_not_the_host(monkeypatch: pytest.Mo
         names.add(stable_system_name(ctx))
     (name,) = names
     assert name.endswith("_cpu_n4") and "b51eb5ad80fa" not in name
+
+
+def test_results_under_another_system_are_not_mixed_with_a_new_one(tmp_path: Path) -> None:
+    """An --out from before the campaign file, filed under a host-named system: refused, not mixed."""
+    from mlhpc.campaign import scan_out
+
+    (tmp_path / "org/results/b51eb5ad80fa_cpu_n1/strong/cosmoflow").mkdir(parents=True)
+    req = request(out=tmp_path, settings={"submitter": "org"}, default_system="amd_epyc_cpu_n1")
+    with pytest.raises(ConfigError, match="holds system b51eb5ad80fa_cpu_n1, not amd_epyc_cpu_n1"):
+        plan_campaign(req, None, scan_out(tmp_path, "cosmoflow", "strong"), lambda: 1)
+    same = request(out=tmp_path, settings={"submitter": "org", "system": "b51eb5ad80fa_cpu_n1"})
+    assert plan_campaign(same, None, scan_out(tmp_path, "cosmoflow", "strong"), lambda: 1).to_run == (0, 1, 2)
