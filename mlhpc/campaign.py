@@ -7,11 +7,14 @@ The campaign file, `<out>/campaign.json`, is written at the first plan into `--o
 every later run into it (a resume, a Slurm task, `mlhpc run --index`, a run in another container):
 
     {"mlhpc_campaign": 1,
-     "settings": {"submitter": "mlhpc", "system": "xeon_8480_cpu_n2", "division": "closed",
+     "hardware": "intel_xeon_platinum_8480_cpu_n2",
+     "settings": {"submitter": "mlhpc", "system": "intel_xeon_platinum_8480_cpu_n2", "division": "closed",
                   "status": "onprem", "ruleset": "3.0.0"},
      "entries": {"cosmoflow/strong": {"config": "mini", "config_id": "3f2a...", "seeds": 10,
                                       "first_seed": 4711}}}
 
+`hardware` is the stable hardware name (system_desc.stable_system_name) of the machines the
+campaign trains on: a run on other machines is refused, whatever --system says.
 `settings` are the submission-wide settings: a flag (`--submitter`, `--system`, `--division`,
 `--status`, `--ruleset`) or a `--campaign FILE` of the same shape may give them; one that
 disagrees with the recorded value is refused. `system` may be null until the first run on the
@@ -79,10 +82,14 @@ class Entry:
 class CampaignFile:
     settings: Settings
     entries: dict[str, Entry] = field(default_factory=dict)
+    hardware: str | None = None
+    """stable_system_name of the machines the campaign trains on (None until a run trained):
+    every later run must be on the same, whatever --system names it."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mlhpc_campaign": CAMPAIGN_FORMAT,
+            "hardware": self.hardware,
             "settings": asdict(self.settings),
             "entries": {key: asdict(entry) for key, entry in sorted(self.entries.items())},
         }
@@ -249,6 +256,12 @@ def plan_campaign(
     - a finished result is never rerun; an unfinished one only with --resume;
     - the finished runs fix the seeds (index i ran first_seed + i)."""
     where = Path(request.out) / CAMPAIGN_FILE
+    hardware = recorded.hardware if recorded else None
+    if request.default_system is not None and hardware not in (None, request.default_system):
+        raise ConfigError(
+            f"{where} records a campaign on {hardware} machines, but this run is on {request.default_system}: "
+            f"one --out holds one system; run on {hardware}, or pass a new --out"
+        )
     settings = resolve_settings(
         request.settings,
         recorded.settings if recorded else None,
@@ -293,7 +306,7 @@ def plan_campaign(
         kept=tuple(sorted(i for i in fresh.finished if i not in to_run)),
         data=data,
         generated_data=request.data is None,
-        record=CampaignFile(settings=settings, entries=entries),
+        record=CampaignFile(settings=settings, entries=entries, hardware=hardware or request.default_system),
     )
 
 
@@ -353,7 +366,10 @@ def read_campaign_file(path: Path) -> CampaignFile | None:
         entries = {str(key): _entry(key, entry) for key, entry in dict(data.get("entries", {})).items()}
     except (TypeError, KeyError, AttributeError, ValueError) as e:
         raise SubmissionError(f"{path} is not an mlhpc campaign file ({e}); fix it or move it away") from e
-    return CampaignFile(settings=Settings(**values), entries=entries)  # type: ignore[arg-type]
+    hardware = data.get("hardware")
+    if hardware is not None:
+        check_setting("system", hardware, f"{path}: hardware")
+    return CampaignFile(settings=Settings(**values), entries=entries, hardware=hardware)  # type: ignore[arg-type]
 
 
 def _read_json(path: Path) -> Any:

@@ -110,6 +110,9 @@ def test_campaign_file_round_trips_and_refuses_a_hostile_one(tmp_path: Path) -> 
     path = tmp_path / CAMPAIGN_FILE
     path.write_text(json.dumps(recorded().to_json()))
     assert read_campaign_file(path) == recorded()
+    with_hardware = CampaignFile(settings=SETTINGS, hardware="amd_epyc_cpu_n1")
+    path.write_text(json.dumps(with_hardware.to_json()))
+    assert read_campaign_file(path) == with_hardware
     assert read_campaign_file(tmp_path / "none.json") is None
     for text in ("{", "[]", '{"settings": {"submitter": "../../etc"}}'):
         path.write_text(text)
@@ -229,3 +232,19 @@ def test_results_under_another_system_are_not_mixed_with_a_new_one(tmp_path: Pat
         plan_campaign(req, None, scan_out(tmp_path, "cosmoflow", "strong"), lambda: 1)
     same = request(out=tmp_path, settings={"submitter": "org", "system": "b51eb5ad80fa_cpu_n1"})
     assert plan_campaign(same, None, scan_out(tmp_path, "cosmoflow", "strong"), lambda: 1).to_run == (0, 1, 2)
+
+
+def test_a_run_on_other_machines_is_refused_whatever_system_it_names() -> None:
+    first = plan(request(settings={"system": "cluster"}, default_system="nvidia_h100_gpu_n8"))
+    assert first.record.hardware == "nvidia_h100_gpu_n8"
+    assert (
+        plan(request(index=1, settings={}, default_system="nvidia_h100_gpu_n8"), first.record).system
+        == "cluster"
+    )
+    for machine in ("nvidia_a100_gpu_n8", "nvidia_h100_gpu_n4"):  # another GPU, or other ranks
+        with pytest.raises(
+            ConfigError, match=f"on nvidia_h100_gpu_n8 machines, but this run is on {machine}"
+        ):
+            plan(request(index=1, settings={}, default_system=machine), first.record)
+    # A login node (no hardware of its own) plans beside it.
+    assert plan(request(resume=True, settings={}), first.record).record.hardware == "nvidia_h100_gpu_n8"

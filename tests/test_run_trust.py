@@ -190,6 +190,24 @@ def holder_pid(out: Path) -> int | None:
         return None
 
 
+def test_an_index_run_waits_for_outs_lock_then_plans(tmp_path: Path) -> None:
+    """`mlhpc run --index` holds --out's lock only to plan, so Slurm tasks starting together wait
+    their turn for it instead of refusing each other (a full campaign is refused at once, above)."""
+    from tests.conftest import lock_held_elsewhere
+
+    out = tmp_path / "out"
+    taken = out / RESULTS / "result_0.txt"
+    taken.parent.mkdir(parents=True)
+    taken.write_text("")  # an unfinished run: planning refuses it, after taking the lock
+    with lock_held_elsewhere(out):
+        waiting = start(run_args(tmp_path, "--index", "0"), tmp_path)
+        time.sleep(8)
+        assert waiting.poll() is None, waiting.communicate()
+    _, stderr = waiting.communicate(timeout=120)
+    assert waiting.returncode == 2 and "is an unfinished run; pass --resume" in stderr, stderr
+    assert "in use by" not in stderr and taken.read_text() == ""
+
+
 @pytest.mark.slow
 def test_a_second_campaign_into_one_out_is_refused_at_once(tmp_path: Path) -> None:
     out = tmp_path / "out"
