@@ -1,7 +1,7 @@
 """The campaign model: options plus what `--out` already holds -> a `CampaignPlan` (seeds, result
 indices to run, data folder, system, result paths, the config's identity). The local runner, the
-instance launcher and the Slurm submitter all execute this plan. Pure but for reading `--out`;
-torch-free, so a login node plans a Slurm campaign.
+instance launcher and the Slurm submitter all execute this plan. Pure (what `--out` holds comes
+in, read by campaign_io) and torch-free, so a login node plans a Slurm campaign.
 
 The campaign file, `<out>/campaign.json`, is written at the first plan into `--out` and read by
 every later run into it (a resume, a Slurm task, `mlhpc run --index`, a run in another container):
@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ from mlhpc.common.layout import Scaling, breakdown_file, result_file, results_di
 
 CAMPAIGN_FILE = "campaign.json"
 CAMPAIGN_FORMAT = 1
-MAX_CAMPAIGN_BYTES = 1 << 20
 DEFAULTS: dict[str, str] = {"submitter": "mlhpc", "status": "onprem", "ruleset": "3.0.0"}
 CHOICES: dict[str, tuple[str, ...]] = {
     "division": ("closed", "open"),
@@ -351,133 +350,3 @@ def _first_seed(
     if first is not None and first < 1:
         raise ConfigError(f"--first-seed {first} must be a positive integer")
     return first
-
-
-def read_campaign_file(path: Path) -> CampaignFile | None:
-    """The campaign file at `path` (None when there is none), every field checked: it may have
-    been edited by hand or planted."""
-    data = _read_json(path)
-    if data is None:
-        return None
-    try:
-        values = _setting_values(data, path)
-        for name, default in {**DEFAULTS, "division": "closed"}.items():
-            values[name] = values[name] or default
-        entries = {str(key): _entry(key, entry) for key, entry in dict(data.get("entries", {})).items()}
-    except (TypeError, KeyError, AttributeError, ValueError) as e:
-        raise SubmissionError(f"{path} is not an mlhpc campaign file ({e}); fix it or move it away") from e
-    hardware = data.get("hardware")
-    if hardware is not None:
-        check_setting("system", hardware, f"{path}: hardware")
-    return CampaignFile(settings=Settings(**values), entries=entries, hardware=hardware)  # type: ignore[arg-type]
-
-
-def _read_json(path: Path) -> Any:
-    from mlhpc.common import safe_read
-
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        return None
-    problem = safe_read.judge(path, path.parent, MAX_CAMPAIGN_BYTES, what="a campaign file")
-    if problem is not None:
-        raise SubmissionError(problem.line(path))
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise SubmissionError(f"{path} is not an mlhpc campaign file ({e}); fix it or move it away") from e
-
-
-def _setting_values(data: Any, path: Path) -> dict[str, str | None]:
-    """The file's settings, each checked; None where it names none."""
-    raw = data["settings"]
-    if not isinstance(raw, dict):
-        raise ValueError("settings is not an object")
-    values: dict[str, str | None] = {}
-    for name in SETTING_FLAGS:
-        value = raw.get(name)
-        if value is not None:
-            check_setting(name, value, str(path))
-        values[name] = value
-    return values
-
-
-def _entry(key: object, entry: Any) -> Entry:
-    numbers = [entry["seeds"], entry["first_seed"]]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in numbers):
-        raise ValueError(f"entry {key}: seeds and first_seed must be whole numbers from 1")
-    return Entry(
-        config=str(entry["config"]),
-        config_id=str(entry["config_id"]),
-        seeds=entry["seeds"],
-        first_seed=entry["first_seed"],
-    )
-
-
-def given_settings(path: Path | None, flags: Mapping[str, str | None]) -> dict[str, str | None]:
-    """The settings a user gave: `--campaign FILE`'s and the flags'; the two must agree."""
-    given = {name: flags.get(name) for name in SETTING_FLAGS}
-    if path is None:
-        return given
-    data = _read_json(path)
-    if data is None:
-        raise ConfigError(f"--campaign {path}: no such file; pass an existing campaign file")
-    try:
-        from_file = _setting_values(data, path)
-    except (TypeError, KeyError, AttributeError, ValueError) as e:
-        raise ConfigError(f"--campaign {path} has no settings object ({e}); fix it") from e
-    for name, value in from_file.items():
-        if value is None:
-            continue
-        if given[name] is not None and given[name] != value:
-            raise ConfigError(
-                f"{SETTING_FLAGS[name]} {given[name]} differs from --campaign {path}'s {name} {value}; "
-                "drop one of them"
-            )
-        given[name] = value
-    return given
-
-
-def scan_results(folder: Path) -> ResultScan:
-    """What a results folder holds (a result that cannot be read is a SubmissionError)."""
-    from mlhpc.resume import finished_runs
-
-    paths = sorted(Path(folder).glob("result_*.txt"))
-    present = frozenset(int(p.stem[7:]) for p in paths if p.stem[7:].isdigit())
-    return ResultScan(present=present, finished=finished_runs(paths), folder=Path(folder))
-
-
-def scan_out(out: Path, benchmark: str, scaling: Scaling) -> Callable[[Settings], ResultScan]:
-    """`plan_campaign`'s `scan` for an entry of the submission in `out`."""
-
-    def scan(settings: Settings) -> ResultScan:
-        assert settings.system is not None
-        org_dir = Path(out) / settings.submitter
-        found = scan_results(results_dir(org_dir, settings.system, scaling, benchmark))
-        systems = {p.name for p in (org_dir / "results").glob("*") if p.is_dir() and not p.is_symlink()}
-        return replace(found, other_systems=frozenset(systems - {settings.system}))
-
-    return scan
-
-
-@dataclass(frozen=True)
-class ResolvedConfig:
-    """A benchmark and its config as a run would train it, validated."""
-
-    benchmark: Any
-    """The registry.Benchmark."""
-    cfg: Any
-    config_id: str
-    default_division: str
-
-
-def resolve_config(benchmark: str, config: str, overrides: tuple[str, ...] | list[str]) -> ResolvedConfig:
-    """Load and validate `config` with `overrides` for `benchmark`: an unknown benchmark, config
-    or key is one ConfigError. Every route (the local runner, the dry run, the Slurm submitter on
-    a login node) calls this one function."""
-    from mlhpc.common import registry
-    from mlhpc.common.config import load_config, to_dict
-
-    bench = registry.get(benchmark)
-    cfg = load_config(bench.config_class, bench.config_path(config), overrides)
-    division = bench.default_division(cfg) if bench.default_division is not None else "closed"
-    return ResolvedConfig(bench, cfg, config_identity(bench.name, to_dict(cfg)), division)

@@ -10,14 +10,8 @@ from pathlib import Path
 
 import torch
 
-from mlhpc.campaign import (
-    CAMPAIGN_FILE,
-    SETTING_FLAGS,
-    given_settings,
-    read_campaign_file,
-    resolve_config,
-    resolve_settings,
-)
+from mlhpc.campaign import CAMPAIGN_FILE, SETTING_FLAGS, resolve_settings
+from mlhpc.campaign_io import given_settings, read_campaign_file, resolve_config
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.launch import detect_launch

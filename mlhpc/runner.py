@@ -18,18 +18,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from mlhpc import __version__
-from mlhpc.campaign import (
-    CAMPAIGN_FILE,
-    SETTING_FLAGS,
-    CampaignPlan,
-    CampaignRequest,
-    ResolvedConfig,
-    given_settings,
-    plan_campaign,
-    read_campaign_file,
-    resolve_config,
-    scan_out,
-)
+from mlhpc.campaign import CAMPAIGN_FILE, SETTING_FLAGS, CampaignPlan, CampaignRequest, plan_campaign
+from mlhpc.campaign_io import ResolvedConfig, given_settings, read_campaign_file, resolve_config, scan_out
 from mlhpc.common import registry
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext

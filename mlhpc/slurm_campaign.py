@@ -14,17 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlhpc.campaign import (
-    CAMPAIGN_FILE,
-    SETTING_FLAGS,
-    CampaignPlan,
-    CampaignRequest,
-    given_settings,
-    plan_campaign,
-    read_campaign_file,
-    resolve_config,
-    scan_out,
-)
+from mlhpc.campaign import CAMPAIGN_FILE, SETTING_FLAGS, CampaignPlan, CampaignRequest, plan_campaign
+from mlhpc.campaign_io import given_settings, read_campaign_file, resolve_config, scan_out
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.locks import folder_lock

@@ -18,10 +18,9 @@ from mlhpc.campaign import (
     ResultScan,
     Settings,
     config_identity,
-    given_settings,
     plan_campaign,
-    read_campaign_file,
 )
+from mlhpc.campaign_io import given_settings, read_campaign_file
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
 
 OUT = Path("/runs/out")
@@ -224,7 +223,7 @@ def test_default_system_name_is_the_hardware_not_the_host(monkeypatch: pytest.Mo
 
 def test_results_under_another_system_are_not_mixed_with_a_new_one(tmp_path: Path) -> None:
     """An --out from before the campaign file, filed under a host-named system: refused, not mixed."""
-    from mlhpc.campaign import scan_out
+    from mlhpc.campaign_io import scan_out
 
     (tmp_path / "org/results/b51eb5ad80fa_cpu_n1/strong/cosmoflow").mkdir(parents=True)
     req = request(out=tmp_path, settings={"submitter": "org"}, default_system="amd_epyc_cpu_n1")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.campaign import CAMPAIGN_FILE, read_campaign_file
+from mlhpc.campaign import CAMPAIGN_FILE
+from mlhpc.campaign_io import read_campaign_file
 from mlhpc.cli import build_parser
 from mlhpc.commands.run import _run_options
 from mlhpc.common.errors import ConfigError, SubmissionError
@@ -164,7 +165,7 @@ def test_random_first_seeds_differ_and_count_up(tmp_path: Path) -> None:
 
 def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
     """The runner's and the submitter's requests for one command line give one plan."""
-    from mlhpc.campaign import resolve_config
+    from mlhpc.campaign_io import resolve_config
     from mlhpc.runner import campaign_request as local_request
 
     common = ["--seeds", "3", "--first-seed", "40", "--system", "sys", "--resume"]

@@ -224,7 +224,8 @@ def _launch_instances(args: argparse.Namespace) -> int:
             raise
     if status != 0 or args.no_check:
         return status
-    from mlhpc.campaign import CAMPAIGN_FILE, read_campaign_file
+    from mlhpc.campaign import CAMPAIGN_FILE
+    from mlhpc.campaign_io import read_campaign_file
 
     recorded = read_campaign_file(args.out / CAMPAIGN_FILE)  # the settings the ranks ran with
     assert recorded is not None, "the instances' rank 0 writes the campaign file"
