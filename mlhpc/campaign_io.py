@@ -134,23 +134,29 @@ def scan_out(out: Path, benchmark: str, scaling: Scaling) -> Callable[[Settings]
 
 @dataclass(frozen=True)
 class ResolvedConfig:
-    """A benchmark and its config as a run would train it, validated."""
+    """A benchmark and its config as a run would train it, validated (without torch)."""
 
-    benchmark: Any
-    """The registry.Benchmark."""
+    info: Any
+    """The catalog's BenchmarkInfo: facts only, so a login node validates without torch."""
     cfg: Any
     config_id: str
     default_division: str
+
+    @property
+    def benchmark(self) -> Any:
+        """The registry.Benchmark with its torch functions (imports torch; for the run itself)."""
+        from mlhpc.common import registry
+
+        return registry.get(self.info.name)
 
 
 def resolve_config(benchmark: str, config: str, overrides: tuple[str, ...] | list[str]) -> ResolvedConfig:
     """Load and validate `config` with `overrides` for `benchmark`: an unknown benchmark, config
     or key is one ConfigError. Every route (the local runner, the dry run, the Slurm submitter on
     a login node) calls this one function."""
-    from mlhpc.common import registry
+    from mlhpc.common import catalog
     from mlhpc.common.config import load_config, to_dict
 
-    bench = registry.get(benchmark)
-    cfg = load_config(bench.config_class, bench.config_path(config), overrides)
-    division = bench.default_division(cfg) if bench.default_division is not None else "closed"
-    return ResolvedConfig(bench, cfg, config_identity(bench.name, to_dict(cfg)), division)
+    info = catalog.info(benchmark)
+    cfg = load_config(info.config_class, info.config_path(config), overrides)
+    return ResolvedConfig(info, cfg, config_identity(info.name, to_dict(cfg)), info.division_for(cfg))

@@ -118,7 +118,7 @@ def campaign_request(
     """The planner's view of `opts` (the same for the local runner and the Slurm submitter)."""
     flags = {name: getattr(opts, name) for name in SETTING_FLAGS}
     return CampaignRequest(
-        benchmark=resolved.benchmark.name,
+        benchmark=resolved.info.name,
         config=opts.config,
         config_id=resolved.config_id,
         out=Path(opts.out),
@@ -164,7 +164,7 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     group = ctx.split(opts.instances) if weak else ctx
     resolved.cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
     request = campaign_request(opts, resolved, "weak" if weak else "strong", stable_system_name(ctx))
-    what = f"mlhpc run {resolved.benchmark.name}{' --resume' if opts.resume else ''}"
+    what = f"mlhpc run {resolved.info.name}{' --resume' if opts.resume else ''}"
     with ExitStack() as claims:
         if opts.index is None:  # --out stays locked for the whole campaign
             claims.enter_context(holding_out(ctx, Path(opts.out), what))

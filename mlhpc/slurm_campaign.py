@@ -138,7 +138,7 @@ def campaign_request(args: argparse.Namespace) -> CampaignRequest:
     resolved = resolve_config(args.benchmark, args.config, tuple(args.overrides))
     flags = {name: getattr(args, name, None) for name in SETTING_FLAGS}
     return CampaignRequest(
-        benchmark=resolved.benchmark.name,
+        benchmark=resolved.info.name,
         config=str(Path(args.config).absolute()) if Path(args.config).suffix else args.config,
         config_id=resolved.config_id,
         out=Path(args.out).absolute(),

@@ -174,3 +174,31 @@ def test_every_package_folder_is_listed_for_installation() -> None:
             if not any(p.startswith(".") or p in ("build", "tests", "perf", "docs") for p in parts):
                 found.add(".".join((name, *parts)))
     assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
+LOGIN_NODE = """
+import sys
+from mlhpc.cli import main
+status = main(["run", sys.argv[1], "--slurm", "--dry-run", "--seeds", "2", "--first-seed", "9",
+               "--out", sys.argv[2], *sys.argv[3:]])
+print("torch imported" if "torch" in sys.modules else "no torch", status)
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["cosmoflow", "loop.max_epochs=7"], "no torch 0"),
+        (["cosmoflow", "optimizer.lrr=1"], "no torch 2"),  # the typo found on the login node
+        (["cosmoflw"], "no torch 2"),
+    ],
+)
+def test_a_slurm_submission_validates_its_config_without_torch(
+    tmp_path: Path, argv: list[str], expected: str
+) -> None:
+    """A login node may have no torch: `--slurm` loads and checks the config from the catalog."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LOGIN_NODE, argv[0], str(tmp_path / "runs"), *argv[1:]],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stdout.strip().splitlines()[-1] == expected, proc.stdout[-2000:] + proc.stderr[-2000:]
