@@ -5,7 +5,8 @@
 # (docker run --gpus all ...). A CUDA base adds the toolkit (nvcc, for scripts/install_horovod.sh):
 #   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04 -t mlhpc:cuda .
 #   docker build --build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:25.04-py3 -t mlhpc:ngc .
-# (mlhpc pins torch 2.14.1, so an NGC image's own torch is replaced inside the venv below.)
+# (the venv below does not see an NGC image's own torch: pip installs one in mlhpc's tested range.)
+# Build and run it with podman, checked end to end: scripts/container_main_job.sh.
 # DALI data loading (the gpu extra): --build-arg WITH_DALI=1
 # Apptainer: apptainer build mlhpc.sif docker-daemon://mlhpc:latest, or see mlhpc.def.
 ARG BASE_IMAGE=python:3.11-slim
