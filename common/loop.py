@@ -26,7 +26,7 @@ from mlhpc.common import run_events
 from mlhpc.common.distributed import DistContext, average_batchnorm_statistics
 from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.mllogger import MLLog, constants
-from mlhpc.common.progress import SILENT, Progress
+from mlhpc.common.progress import SILENT, Progress, staging_line
 from mlhpc.common.registry import Benchmark, DataBundle
 from mlhpc.common.seeding import seed_everything
 from mlhpc.common.timing import Breakdown, PhaseTimer
@@ -112,7 +112,7 @@ def train_to_target(
         if loop.compile:
             raw_model.compile()  # in place: parameter names and DDP's view of them stay as they are
         model = ctx.wrap_model(raw_model)
-    staged = None if staging_inside_run else _stage(stage, log, timer)
+    staged = None if staging_inside_run else _stage(stage, log, timer, progress)
     with timer.phase("communication"):
         ctx.barrier()
 
@@ -124,7 +124,7 @@ def train_to_target(
     error: str | None = None
     with run_events.run(log) as run_stop:
         try:
-            staged = staged or _stage(stage, log, timer)
+            staged = staged or _stage(stage, log, timer, progress)
             with timer.phase("setup"):
                 data = bench.build_data(cfg, staged.path, ctx, seed)
                 log.event(constants.TRAIN_SAMPLES, data.train_samples)
@@ -388,10 +388,11 @@ def init_events(
     ]
 
 
-def _stage(stage: Callable[[], StagedData], log: MLLog, timer: PhaseTimer) -> StagedData:
+def _stage(stage: Callable[[], StagedData], log: MLLog, timer: PhaseTimer, progress: Progress) -> StagedData:
     with run_events.staging(log) as stop_metadata, timer.phase("staging"):
         staged = stage()
         stop_metadata.update(staged.metadata)
+    progress.say(staging_line(staged.metadata))
     return staged
 
 

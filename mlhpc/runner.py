@@ -29,6 +29,7 @@ from mlhpc.common.layout import Scaling, implementation_dir, system_json_path
 from mlhpc.common.locks import FolderBusy, folder_lock
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
+from mlhpc.common.progress import SILENT, Progress, seed_line
 from mlhpc.generation import generate_dataset
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
 from mlhpc.staging import Communicator, comm_for, resolve_local_dir, stage_dataset
@@ -75,6 +76,8 @@ class RunOptions:
     """Weak scaling: split the ranks into this many groups, each training its own model at once."""
     power: bool = False
     """Sample each node's power while a run is timed into <entry>/power/result_<i>/node_<host>.txt."""
+    mllog_stdout: bool = False
+    """Echo the MLLOG events on stdout too (they always go to the result files)."""
 
 
 @dataclass
@@ -212,6 +215,8 @@ def _train(
     campaign = CampaignResult(org_dir=plan.org_dir, system=plan.system, kept=list(plan.kept))
     submission = SubmissionInfo(org=s.submitter, division=s.division, status=s.status, platform=plan.system)  # type: ignore[arg-type]
     # One staging communicator for the whole campaign: building one creates process groups.
+    progress = Progress(enabled=ctx.is_main)
+    progress.say(plan_line(plan, opts, data_dir))
     runner = _SeedRunner(
         resolved.benchmark,
         resolved.cfg,
@@ -223,6 +228,7 @@ def _train(
         comm=comm_for(group),
         local_root=resolve_local_dir(opts.local_dir),
         power=power,
+        progress=progress,
     )
     if plan.scaling == "weak":
         instance = group.instance or 0
@@ -258,6 +264,8 @@ class _SeedRunner:
     local_root: Path
     power: list[EnergyCounter] | None = None
     """--power on this node's first rank: the counters sampled while each run is timed."""
+    progress: Progress = SILENT
+    """The lines for a person watching (rank 0): each seed's start, epochs and end."""
 
     def _power_sampler(self, entry_dir: Path, index: int) -> AbstractContextManager[object]:
         if self.power is None:
@@ -271,7 +279,8 @@ class _SeedRunner:
         owned = self.local_root / f"{STAGE_PREFIX}{self.bench.name}-{ctx.broadcast_object(uuid.uuid4().hex)}"
         stage_dir = owned / "data"
         metadata = {"instance": ctx.instance} if ctx.instance is not None else None
-        log = MLLog(path, enabled=ctx.is_main, metadata=metadata)
+        log = MLLog(path, enabled=ctx.is_main, echo=self.opts.mllog_stdout, metadata=metadata)
+        self.progress.say(f"seed {seed} -> {path.name}: staging {self.data_dir} to {stage_dir}", "bold")
         try:
             # If the claim fails, staging meets the same error and tells every rank; this rank cannot.
             with suppress(OSError):
@@ -288,6 +297,7 @@ class _SeedRunner:
                     stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm, self.opts),
                     staging_inside_run=self.opts.staging == "inside",
                     clear_cache=self.opts.clear_cache,
+                    progress=self.progress,
                 )
         except BaseException:
             log.discard()
@@ -297,12 +307,34 @@ class _SeedRunner:
             if ctx.local_rank == 0:
                 shutil.rmtree(owned, ignore_errors=True)
         written = log.close()
+        self.progress.say(
+            seed_line(
+                seed=seed,
+                status=result.status,
+                epochs=result.epochs,
+                run_seconds=result.run_seconds,
+                detail=result.error,
+            ),
+            "green" if result.status == "success" else "red",
+        )
         if ctx.is_main and result.breakdown is not None:
             where = self.plan.breakdown_path(index)
             atomic_write_json(
                 where, {"result": str(written or path), "seed": seed, **result.breakdown.to_dict()}
             )
         return seed, result, written or path
+
+
+def plan_line(plan: CampaignPlan, opts: RunOptions, data_dir: Path) -> str:
+    """What the campaign will do, in one line for the person who started it."""
+    runs = [plan.seeds[i] for i in plan.to_run] if plan.scaling == "strong" else plan.seeds
+    kept = f", keeping {len(plan.kept)} finished" if plan.kept else ""
+    where = "inside" if opts.staging == "inside" else "before"
+    return (
+        f"{plan.benchmark} --config {opts.config}: {plan.scaling} scaling, seeds {runs}{kept}; "
+        f"data {data_dir} staged to {resolve_local_dir(opts.local_dir)} ({where} the timed region); "
+        f"results in {plan.org_dir / 'results' / plan.system}"
+    )
 
 
 def ensure_synthetic_data(bench: registry.Benchmark, cfg: Any, data_dir: Path, ctx: DistContext) -> Path:

@@ -69,6 +69,7 @@ def test_two_rank_data_parallel_run(cosmo_data: Path, tmp_path: Path) -> None:
             "--backend",
             "gloo",
             "--no-check",
+            "--mllog-stdout",
             "loop.global_batch_size=8",
             "data.num_train_samples=1024",
             "data.num_eval_samples=128",
@@ -88,3 +89,5 @@ def test_two_rank_data_parallel_run(cosmo_data: Path, tmp_path: Path) -> None:
     assert by_key["staging_stop"]["metadata"]["staged_files"] == 1024 * 2 + 128 * 2 + 4
     assert not list((tmp_path / "local").glob("mlhpc-stage-*"))
     assert proc.stdout.count(":::MLLOG") == len(events)  # rank 1 prints nothing
+    epochs = [e for e in events if e["key"] == "epoch_start"]
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("epoch ")]) == len(epochs)

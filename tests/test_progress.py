@@ -25,8 +25,9 @@ def test_a_run_prints_one_plain_line_per_epoch_and_no_mllog(ctx: DistContext, tm
         make_config(max_epochs=3), ctx, tmp_path / "result_0.txt", progress=Progress(enabled=True, stream=out)
     )
     lines = out.getvalue().splitlines()
-    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
-    assert all("(target >= 0)" in line or "(target <= 0)" in line for line in lines), lines
+    assert lines[0].startswith("staged ")  # the toy stages nothing, but says so
+    assert [line.split()[1] for line in lines[1:]] == ["1/3", "2/3", "3/3"]
+    assert all("(target >= 0)" in line or "(target <= 0)" in line for line in lines[1:]), lines
     assert ":::MLLOG" not in out.getvalue() and "\x1b[" not in out.getvalue()  # no events, no colour codes
     assert ":::MLLOG" in (tmp_path / "result_0.txt").read_text()  # the events went to the result file
 
@@ -90,3 +91,11 @@ def test_library_warnings_go_to_the_debug_log_not_the_terminal(tmp_path: Path, d
     assert "a source file changed while staging" in proc.stderr  # mlhpc's own warning is for the user
     for noise in ("a library's notice", "somelib chatter", "removed a stale folder"):
         assert (noise in proc.stderr) == debug, proc.stderr
+
+
+def test_staging_line_reads_the_staging_metadata() -> None:
+    from mlhpc.common.progress import staging_line
+
+    metadata = {"staged_files": 1032, "staged_bytes": 268_400_000, "staging_duration": 2.13}
+    assert staging_line(metadata) == "staged 1,032 files (268.4 MB) in 2.1 s"
+    assert staging_line({}) == "staged ? files"  # a stage callable that reports nothing

@@ -105,6 +105,12 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         "power/result_<i>/node_<host>.txt beside the result; mlhpc check scores the energy",
     )
     run.add_argument(
+        "--mllog-stdout",
+        action="store_true",
+        help="also print the MLLOG events on stdout, as the reference trainers do (they always go to "
+        "the result files; the terminal shows one line per epoch)",
+    )
+    run.add_argument(
         "overrides",
         nargs="*",
         metavar="key=value",
@@ -140,6 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     # not a traceback after the first seed has trained.
     check_writable_dir(args.out, "--out")
     check_writable_dir(resolve_local_dir(args.local_dir), local_dir_name(args.local_dir))
+    from mlhpc.common.debug_log import debug_log
     from mlhpc.common.distributed import init_distributed, shutdown_distributed
     from mlhpc.common.launch import detect_launch
     from mlhpc.runner import run_campaign
@@ -151,7 +158,8 @@ def _run(args: argparse.Namespace) -> int:
     ctx = init_distributed(args.backend, args.device)
     started = time.perf_counter()
     try:
-        campaign = run_campaign(opts, ctx)
+        with debug_log(args.out, ctx.rank) as debug_file:  # libraries' warnings and INFO records
+            campaign = run_campaign(opts, ctx)
     finally:
         shutdown_distributed()
     if ctx.is_main:
@@ -164,6 +172,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"{result.train_samples_per_s:>10.1f}"
             )
         print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
+        if debug_file is not None:
+            print(f"debug log (warnings, details): {debug_file}")
     return campaign.check_status or 0
 
 
@@ -194,6 +204,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         resume=args.resume,
         instances=args.instances,
         power=args.power,
+        mllog_stdout=args.mllog_stdout,
     )
 
 
