@@ -155,15 +155,9 @@ def train_to_target(
                     metric = training.evaluate()
                 log.event(bench.target.metric, metric, {constants.EPOCH_NUM: epoch})
                 metrics.append(metric)
+                elapsed = time.perf_counter() - run_started
                 progress.epoch(
-                    epoch=epoch,
-                    max_epochs=loop.max_epochs,
-                    metric=bench.target.metric,
-                    value=metric,
-                    target=loop.target,
-                    direction=bench.target.direction,
-                    samples_per_s=samples_per_s,
-                    elapsed_s=time.perf_counter() - run_started,
+                    epoch, loop.max_epochs, bench.target, loop.target, metric, samples_per_s, elapsed
                 )
                 if not math.isfinite(metric):
                     raise _Abort(f"{bench.target.metric} is {metric} at epoch {epoch}")

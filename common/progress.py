@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
+
+if TYPE_CHECKING:
+    from mlhpc.common.catalog import Target
 
 
 def clock(seconds: float) -> str:
@@ -81,10 +84,16 @@ class Progress:
         if self._console is not None:
             self._console.print(text, style=style if self.at_terminal else None, markup=False)
 
-    def epoch(self, **fields: object) -> None:
+    def epoch(
+        self, epoch: int, max_epochs: int, target: Target, threshold: float, value: float,
+        samples_per_s: float, elapsed_s: float,
+    ) -> None:  # fmt: skip
         """One epoch's line (see `epoch_line`); green when the target is reached."""
         if self._console is not None:
-            line = epoch_line(**fields)  # type: ignore[arg-type]
+            line = epoch_line(
+                epoch=epoch, max_epochs=max_epochs, metric=target.metric, value=value, target=threshold,
+                direction=target.direction, samples_per_s=samples_per_s, elapsed_s=elapsed_s,
+            )  # fmt: skip
             self.say(line, "green" if line.endswith("reached") else None)
 
 
