@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,13 @@ def lock_held_elsewhere(folder: Path) -> AbstractContextManager[int]:
 
 
 @contextmanager
+def ctrl_c_as_at_a_terminal() -> None:
+    """Popen's preexec_fn for a child a test Ctrl-C's: SIGINT back to its default. A job started
+    in the background of a non-interactive shell (`.ci/run &`, nohup) inherits SIGINT ignored,
+    and Python then never raises KeyboardInterrupt: the child would run on, as if never stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def held_by_another_process(script: str, *args: str) -> Iterator[int]:
     """Runs `script` (which prints "held" once it holds something, then waits on stdin) in another
     process for the block; yields its pid, and lets it go at the end."""

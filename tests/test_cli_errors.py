@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, mlhpc_cli
+from tests.conftest import cli_env, ctrl_c_as_at_a_terminal, mlhpc_cli
 from tests.test_variability import write_log
 
 # /sys refuses new files even to root, unlike a chmod 555 folder.
@@ -108,8 +108,9 @@ def test_interrupt_and_terminate_are_one_line(
 ) -> None:
     command = [sys.executable, "-m", "mlhpc", "generate", "cosmoflow", "--out", "d", "--samples", "100000000"]
     proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=tmp_path
-    )
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=tmp_path,
+        preexec_fn=ctrl_c_as_at_a_terminal,
+    )  # fmt: skip
     try:
         wait_for(tmp_path / "d" / "train")
         proc.send_signal(sig)

@@ -21,7 +21,7 @@ from mlhpc.generation import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.resume import finished_runs
 from mlhpc.staging.localdir import STAGE_OWNER, claim_stage_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import merge_system_json
-from tests.conftest import cli_env
+from tests.conftest import cli_env, ctrl_c_as_at_a_terminal
 
 RESULTS = "mlhpc/results/ci/strong/cosmoflow"
 SYSTEM_JSON = "mlhpc/systems/ci.json"
@@ -46,6 +46,7 @@ def start(args: list[str], root: Path) -> subprocess.Popen[str]:
         cwd=root,
         env=cli_env(),
         start_new_session=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
 
 

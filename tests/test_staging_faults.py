@@ -21,7 +21,7 @@ import pytest
 
 from mlhpc.common.locks import LOCK_NAME
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest
-from tests.conftest import cli_env, dataset_files, lock_held_elsewhere
+from tests.conftest import cli_env, ctrl_c_as_at_a_terminal, dataset_files, lock_held_elsewhere
 
 KILL_SEED = 20261124
 
@@ -210,6 +210,7 @@ def test_killed_at_a_random_point_then_a_rerun_completes(
         text=True,
         env=cli_env(),
         start_new_session=True,  # its own process group, as a shell job is
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     wait_for(lambda: lock_taken(dest) or proc.poll() is not None, what="the staging to start")
     time.sleep(delay)

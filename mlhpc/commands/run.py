@@ -163,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         shutdown_distributed()
     if ctx.is_main:
-        if campaign.kept:
+        if campaign.kept and args.index is None:  # an --index run resumes nothing
             print(f"\nresumed: kept the finished runs {campaign.kept}")
         print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
         for seed, result, _ in campaign.results:
