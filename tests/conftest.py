@@ -108,7 +108,6 @@ def lock_held_elsewhere(folder: Path) -> AbstractContextManager[int]:
     return held_by_another_process(_HOLD_LOCK, str(folder))
 
 
-@contextmanager
 def ctrl_c_as_at_a_terminal() -> None:
     """Popen's preexec_fn for a child a test Ctrl-C's: SIGINT back to its default. A job started
     in the background of a non-interactive shell (`.ci/run &`, nohup) inherits SIGINT ignored,
@@ -116,6 +115,7 @@ def ctrl_c_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@contextmanager
 def held_by_another_process(script: str, *args: str) -> Iterator[int]:
     """Runs `script` (which prints "held" once it holds something, then waits on stdin) in another
     process for the block; yields its pid, and lets it go at the end."""
