@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+from mlhpc.common.launch import host_label
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
@@ -44,8 +45,7 @@ def debug_log_path(folder: Path, rank: int) -> Path:
     """<folder>/logs/debug-<UTC time>-<host>-rank<rank>-<pid>.log: unique per process, so ranks,
     seeds and Slurm jobs sharing one --out never write one file."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname().split(".")[0])
-    return Path(folder) / "logs" / f"debug-{stamp}-{host or 'host'}-rank{rank}-{os.getpid()}.log"
+    return Path(folder) / "logs" / f"debug-{stamp}-{host_label()}-rank{rank}-{os.getpid()}.log"
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -212,3 +213,9 @@ def slurm_tasks_on_first_node(tasks_per_node: str) -> int | None:
     """'2(x3),1' -> 2; the task count of the first node, None if unknown."""
     match = re.match(r"(\d+)", tasks_per_node.strip())
     return int(match.group(1)) if match else None
+
+
+def host_label() -> str:
+    """This node's short host name as it goes into a file name (characters other than
+    [A-Za-z0-9._-] as _): power logs' node_<host>.txt, debug logs' debug-…-<host>-…."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname().split(".")[0]) or "node"

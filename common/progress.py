@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from mlhpc.common.catalog import Target
@@ -28,20 +28,18 @@ def epoch_line(
     *,
     epoch: int,
     max_epochs: int,
-    metric: str,
+    target: Target,
+    threshold: float,
     value: float,
-    target: float,
-    direction: Literal["min", "max"],
     samples_per_s: float,
     elapsed_s: float,
 ) -> str:
     """`epoch  3/30  eval_accuracy 0.7731 (target >= 0.82)   412.5 samples/s  1:02` for one epoch."""
-    sign = "<=" if direction == "min" else ">="
-    reached = value <= target if direction == "min" else value >= target
-    mark = "  reached" if reached else ""
+    sign = "<=" if target.direction == "min" else ">="
+    mark = "  reached" if target.reached(value, threshold) else ""
     width = len(str(max_epochs))
     return (
-        f"epoch {epoch:>{width}}/{max_epochs}  {metric} {value:.4f} (target {sign} {target:g})"
+        f"epoch {epoch:>{width}}/{max_epochs}  {target.metric} {value:.4f} (target {sign} {threshold:g})"
         f"  {samples_per_s:9.1f} samples/s  {clock(elapsed_s)}{mark}"
     )
 
@@ -91,10 +89,10 @@ class Progress:
         """One epoch's line (see `epoch_line`); green when the target is reached."""
         if self._console is not None:
             line = epoch_line(
-                epoch=epoch, max_epochs=max_epochs, metric=target.metric, value=value, target=threshold,
-                direction=target.direction, samples_per_s=samples_per_s, elapsed_s=elapsed_s,
+                epoch=epoch, max_epochs=max_epochs, target=target, threshold=threshold, value=value,
+                samples_per_s=samples_per_s, elapsed_s=elapsed_s,
             )  # fmt: skip
-            self.say(line, "green" if line.endswith("reached") else None)
+            self.say(line, "green" if target.reached(value, threshold) else None)
 
 
 SILENT = Progress(enabled=False)

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import socket
 import tempfile
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any, TextIO
 from mlhpc.common import safe_read
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.fileio import current_umask
+from mlhpc.common.launch import host_label
 
 POWERCAP_ROOT = Path("/sys/class/powercap")
 POWERCAP_ENV = "MLHPC_POWERCAP_ROOT"
@@ -92,17 +92,12 @@ def nvml_counters() -> list[EnergyCounter]:
     return counters
 
 
-def host_name() -> str:
-    """This node's name as it goes into node_<host>.txt (characters other than [A-Za-z0-9._-] as _)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname().split(".")[0]) or "node"
-
-
 def node_counters(powercap_root: Path = POWERCAP_ROOT) -> list[EnergyCounter]:
     """Every source on this node; a ConfigError saying there is none."""
     counters = nvml_counters() + rapl_counters(powercap_root)
     if not counters:
         raise ConfigError(
-            f"no power source on this node {host_name()}: no GPU energy through NVML (pip install "
+            f"no power source on this node {host_label()}: no GPU energy through NVML (pip install "
             f"'mlhpc[power]') and no readable {powercap_root}/intel-rapl:*/energy_uj; leave out --power"
         )
     return counters
@@ -134,7 +129,7 @@ class PowerSampler:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.counters, self.path, self.interval_s, self.clock = list(counters), Path(path), interval_s, clock
-        self.host = host or host_name()
+        self.host = host or host_label()
         self.metadata = {"host": self.host, "sources": [c.name for c in self.counters]}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mlhpc-power", daemon=True)
@@ -208,7 +203,7 @@ class PowerSampler:
 
 def power_log_path(entry_dir: Path, index: int, host: str | None = None) -> Path:
     """<entry>/power/result_<index>/node_<host>.txt, where the official summarizer looks."""
-    return Path(entry_dir) / "power" / f"result_{index}" / f"node_{host or host_name()}.txt"
+    return Path(entry_dir) / "power" / f"result_{index}" / f"node_{host or host_label()}.txt"
 
 
 def node_power(enabled: bool, local_rank: int) -> list[EnergyCounter] | None:

@@ -328,9 +328,10 @@ class _SeedRunner:
 def plan_line(plan: CampaignPlan, opts: RunOptions, data_dir: Path) -> str:
     """What the campaign will do, in one line for the person who started it."""
     runs = [plan.seeds[i] for i in plan.to_run] if plan.scaling == "strong" else plan.seeds
-    kept = f", keeping {len(plan.kept)} finished" if plan.kept and opts.index is None else ""
     if opts.index is not None:
         kept = f" (run {opts.index} of the campaign, {len(plan.kept)} others finished)"
+    else:
+        kept = f", keeping {len(plan.kept)} finished" if plan.kept else ""
     where = "inside" if opts.staging == "inside" else "before"
     return (
         f"{plan.benchmark} --config {opts.config}: {plan.scaling} scaling, seeds {runs}{kept}; "

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mlhpc.common.catalog import Target
 from mlhpc.common.distributed import DistContext, init_distributed
 from mlhpc.common.progress import Progress, clock, epoch_line, seed_line
 from tests.toy_benchmark import make_config, run_toy
@@ -40,13 +41,13 @@ def test_ranks_other_than_the_main_one_print_nothing(ctx: DistContext, tmp_path:
 
 def test_epoch_line_says_how_far_from_the_target() -> None:
     line = epoch_line(
-        epoch=3, max_epochs=30, metric="eval_accuracy", value=0.77312, target=0.82, direction="max",
-        samples_per_s=412.54, elapsed_s=62.4,
+        epoch=3, max_epochs=30, target=Target(metric="eval_accuracy", direction="max"), threshold=0.82,
+        value=0.77312, samples_per_s=412.54, elapsed_s=62.4,
     )  # fmt: skip
     assert line == "epoch  3/30  eval_accuracy 0.7731 (target >= 0.82)      412.5 samples/s  1:02"
     reached = epoch_line(
-        epoch=4, max_epochs=30, metric="eval_error", value=0.1, target=0.124, direction="min",
-        samples_per_s=1.0, elapsed_s=3725,
+        epoch=4, max_epochs=30, target=Target(metric="eval_error", direction="min"), threshold=0.124,
+        value=0.1, samples_per_s=1.0, elapsed_s=3725,
     )  # fmt: skip
     assert reached.endswith("1:02:05  reached") and "(target <= 0.124)" in reached
     assert (
