@@ -20,8 +20,9 @@
 #               torchrun always gets `-m mlhpc`)
 #   DRY_RUN     1: print the command and exit 0
 #
-# Prints STARTING/ENDING TIMING RUN lines and RESULT,<benchmark>,<seed>,<seconds>,<user>,<start>;
-# exits with mlhpc's exit status (2: config error, taken index, or target not reached).
+# Prints STARTING/ENDING TIMING RUN lines, and RESULT,<benchmark>,<seed>,<seconds>,<user>,<start>
+# only when the run succeeded; exits with mlhpc's exit status (2: config error, taken index, or
+# target not reached; 127: the launcher or mlhpc is not on PATH, e.g. the venv is not activated).
 set -euo pipefail
 
 BENCHMARK=${BENCHMARK:-cosmoflow}
@@ -67,6 +68,15 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
     exit 0
 fi
 
+# A missing program is one line before anything starts, not the shell's "command not found" in the middle.
+program=${cmd[0]}
+if ! command -v "$program" >/dev/null; then
+    from=$([[ ${#launcher[@]} -gt 0 ]] && echo LAUNCHER || echo MLHPC_CMD)
+    echo "run_and_time.sh: $program is not on PATH; activate the venv (. .venv/bin/activate)" \
+        "or give $from its full path" >&2
+    exit 127
+fi
+
 start=$(date +%s)
 start_fmt=$(date +'%Y-%m-%d %r')
 echo "STARTING TIMING RUN AT $start_fmt"
@@ -75,5 +85,10 @@ status=0
 "${cmd[@]}" || status=$?
 end=$(date +%s)
 echo "ENDING TIMING RUN AT $(date +'%Y-%m-%d %r') (exit status $status)"
-echo "RESULT,$BENCHMARK,$SEED,$((end - start)),${USER:-$(id -un)},$start_fmt"
+# A RESULT line is a time to train: a failed run has none, and its exit status says why.
+if ((status == 0)); then
+    echo "RESULT,$BENCHMARK,$SEED,$((end - start)),${USER:-$(id -un)},$start_fmt"
+else
+    echo "run_and_time.sh: the run of seed $SEED failed (exit status $status); no RESULT line" >&2
+fi
 exit "$status"

@@ -1,0 +1,131 @@
+"""run_and_time.sh when the run cannot start or fails: one line, its exit status, never a RESULT line.
+
+A RESULT line is read as a time to train, so a run that never started (the launcher is not on
+PATH, as when the venv is not activated) or that failed must not print one. Every case runs the
+real script in a real bash; the launchers are real programs on a PATH the test builds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli_env
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_AND_TIME = REPO / "run_and_time.sh"
+BASH = shutil.which("bash") or "/bin/bash"
+RESULT = re.compile(r"^RESULT,", re.MULTILINE)
+INPUTS = ("BENCHMARK", "CONFIG", "SEED", "OUT", "DATA", "RUN_INDEX", "LAUNCHER", "EXTRA_ARGS", "DRY_RUN")
+
+
+def script_env(path: str, **extra: str) -> dict[str, str]:
+    """cli_env with PATH replaced and none of the script's inputs inherited from the caller."""
+    env = {k: v for k, v in cli_env().items() if k not in INPUTS}
+    env["PATH"] = path
+    env.update(extra)
+    return env
+
+
+def run(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BASH, str(RUN_AND_TIME)], env=env, cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def launcher_exiting_with(folder: Path) -> Path:
+    """A real program that ignores its arguments (the mlhpc command) and exits with $EXIT_WITH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    program = folder / "fake-launcher"
+    program.write_text('#!/bin/sh\necho "launched: $*"\nexit "$EXIT_WITH"\n')
+    program.chmod(0o755)
+    return program
+
+
+def system_path(tmp_path: Path) -> str:
+    """A PATH holding only `date`, `id` and `sh`: what the script needs, and no torchrun or mlhpc."""
+    folder = tmp_path / "sysbin"
+    folder.mkdir(exist_ok=True)
+    for name in ("date", "id", "sh"):
+        found = shutil.which(name)
+        assert found, f"{name} is not installed"
+        target = folder / name
+        if not target.exists():
+            target.symlink_to(found)
+    return str(folder)
+
+
+def test_the_documented_torchrun_example_without_the_venv_is_one_line(tmp_path: Path) -> None:
+    """docs/RUNNING.md's example in a shell where the venv is not active: before, bash said
+    `torchrun: command not found` (exit 127) and the script still printed a RESULT line."""
+    env = script_env(
+        system_path(tmp_path), SEED="7", OUT="runs/c", LAUNCHER="torchrun --standalone --nproc_per_node=2"
+    )
+    proc = run(env, tmp_path)
+    assert proc.returncode == 127, proc.stdout + proc.stderr
+    assert not RESULT.search(proc.stdout), proc.stdout
+    assert "STARTING TIMING RUN" not in proc.stdout, "nothing should have started"
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "torchrun is not on PATH" in lines[0] and ". .venv/bin/activate" in lines[0]
+    assert "LAUNCHER" in lines[0]
+    assert not (tmp_path / "runs").exists(), "a run that never started wrote its --out"
+
+
+def test_a_missing_mlhpc_command_is_one_line(tmp_path: Path) -> None:
+    env = script_env(system_path(tmp_path), OUT="runs/c", MLHPC_CMD="/no/such/venv/bin/mlhpc")
+    proc = run(env, tmp_path)
+    assert proc.returncode == 127
+    assert not RESULT.search(proc.stdout)
+    assert proc.stderr.strip().splitlines() == [
+        "run_and_time.sh: /no/such/venv/bin/mlhpc is not on PATH; activate the venv "
+        "(. .venv/bin/activate) or give MLHPC_CMD its full path"
+    ]
+
+
+@pytest.mark.parametrize("status", [1, 2, 3, 124, 130, 137])
+def test_a_failed_run_passes_its_status_on_and_prints_no_result(tmp_path: Path, status: int) -> None:
+    launcher = launcher_exiting_with(tmp_path / "bin")
+    env = script_env(system_path(tmp_path), SEED="11", OUT="runs/c", LAUNCHER=str(launcher))
+    env["EXIT_WITH"] = str(status)
+    proc = run(env, tmp_path)
+    assert proc.returncode == status
+    assert "launched: " in proc.stdout, "the launcher did not run"
+    assert "ENDING TIMING RUN AT" in proc.stdout and f"(exit status {status})" in proc.stdout
+    assert not RESULT.search(proc.stdout), proc.stdout
+    assert f"the run of seed 11 failed (exit status {status}); no RESULT line" in proc.stderr
+
+
+def test_a_run_that_succeeds_still_prints_its_result(tmp_path: Path) -> None:
+    launcher = launcher_exiting_with(tmp_path / "bin")
+    env = script_env(system_path(tmp_path), SEED="11", OUT="runs/c", LAUNCHER=str(launcher))
+    env["EXIT_WITH"] = "0"
+    proc = run(env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    results = RESULT.findall(proc.stdout)
+    assert len(results) == 1
+    assert re.search(r"^RESULT,cosmoflow,11,\d+,[^,]+,.+$", proc.stdout, re.MULTILINE), proc.stdout
+    assert "no RESULT line" not in proc.stderr
+
+
+def test_a_real_mlhpc_refusal_prints_no_result(tmp_path: Path) -> None:
+    """mlhpc itself exits 2 (an unknown config key): that status comes back, with no RESULT."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = script_env(
+        f"{venv_bin}{os.pathsep}{system_path(tmp_path)}",
+        SEED="5",
+        OUT=str(tmp_path / "out"),
+        MLHPC_CMD=f"{sys.executable} -m mlhpc",
+        EXTRA_ARGS="loop.no_such_key=1",
+    )
+    proc = run(env, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no_such_key" in proc.stderr
+    assert not RESULT.search(proc.stdout), proc.stdout
+    assert "the run of seed 5 failed (exit status 2); no RESULT line" in proc.stderr
