@@ -1,14 +1,22 @@
 """Checking up front that a folder given on the command line can be written, so a read-only or
-mistyped `--out` / `--local-dir` is one line naming it, not a traceback minutes into a run."""
+mistyped `--out` / `--local-dir` is one line naming it, not a traceback minutes into a run; that
+no output lands on an input of the same command; and folders a command makes for itself, marked
+so that it removes only what it made in the same run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import stat
 import tempfile
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.printable import shown
 
 # Where `staging.localdir.resolve_local_dir` looks, in its order: to name the one a path came from.
 LOCAL_DIR_SOURCES = ("MLHPC_LOCAL_DIR", "SLURM_TMPDIR", "LOCAL_SCRATCH", "TMPDIR")
@@ -47,3 +55,107 @@ def local_dir_name(flag: Path | str | None, env: Mapping[str, str] | None = None
         if env.get(variable):
             return f"${variable}"
     return "the system temp folder"
+
+
+def _under(path: str, root: str) -> bool:
+    """Whether the resolved `path` is the resolved `root` or below it."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def output_conflict(
+    output: Path | str, inputs: Sequence[Path | str], *, folder: bool = False, suffixes: Sequence[str] = ()
+) -> str | None:
+    """Why writing `output` could damage an input, or None. Judged on the real tree (every
+    symlink followed, `..` taken after the link it follows): the output may not be an input,
+    lie inside an input folder, or be a hard link to an input file. An existing output must be
+    of the kind written: a folder for `folder`, else a regular file whose name ends in one of
+    `suffixes` (an existing `result_0.txt` is never replaced by a PNG, whoever wrote it)."""
+    real = os.path.realpath(output)
+    for given in inputs:
+        source = os.path.realpath(given)
+        if _under(real, source):
+            where = "is" if real == source else "is inside"
+            return f"{where} the input {shown(given)}"
+    try:
+        status = os.stat(real)
+    except OSError:
+        return None  # nothing there yet (or unreachable: the write will say so)
+    if folder:
+        return None if stat.S_ISDIR(status.st_mode) else "exists and is not a folder"
+    if not stat.S_ISREG(status.st_mode):
+        return "exists and is not a regular file (a folder, FIFO or device)"
+    for given in inputs:
+        with contextlib.suppress(OSError):
+            theirs = os.stat(given)
+            if (theirs.st_dev, theirs.st_ino) == (status.st_dev, status.st_ino):
+                return f"is a hard link to the input {shown(given)}"
+    if suffixes and not real.endswith(tuple(suffixes)):
+        return f"exists and does not end in {' or '.join(suffixes)}, so it is not a file this option writes"
+    return None
+
+
+def refuse_output_over_inputs(
+    output: Path | str,
+    inputs: Sequence[Path | str | None],
+    option: str,
+    *,
+    folder: bool = False,
+    suffixes: Sequence[str] = (),
+) -> Path:
+    """The real path to write `output` to, or a ConfigError naming `option`, why, and the fix.
+
+    The one guard for every option that names an output (see `output_conflict`); the caller
+    writes to the returned resolved path, so that a `..` after a symlink or a folder made on the
+    way cannot land in an input after the judgement. `inputs` None entries are skipped."""
+    given = [Path(p) for p in inputs if p is not None]
+    why = output_conflict(output, given, folder=folder, suffixes=suffixes)
+    if why is not None:
+        kind = "folder" if folder else "file"
+        raise ConfigError(
+            f"{option} {shown(output)} {why}; pass a new {kind} outside what this command reads"
+        )
+    return Path(os.path.realpath(output))
+
+
+MADE_MARKER = ".mlhpc-made-by"
+"""The file in a folder mlhpc made for itself; it holds the token of the run that made it."""
+
+
+@dataclass(frozen=True)
+class MadeDir:
+    """A folder this run made (under a fresh name) and the token its marker holds."""
+
+    path: Path
+    token: str
+
+
+def make_marked_dir(parent: Path | str, prefix: str) -> MadeDir:
+    """A new folder under `parent` with a name no one else has (mkdtemp: created here, mode 0700),
+    marked with a token of this run, for `remove_marked_dir` to prove it is ours."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    token = f"{os.getpid()}-{uuid.uuid4().hex}"
+    (path / MADE_MARKER).write_text(token + "\n")
+    return MadeDir(path, token)
+
+
+def carries_marker(made: MadeDir) -> bool:
+    """Whether `made.path` is still a real folder (not a link) holding our marker with our token."""
+    marker = made.path / MADE_MARKER
+    try:
+        if not stat.S_ISDIR(os.lstat(made.path).st_mode) or not stat.S_ISREG(os.lstat(marker).st_mode):
+            return False
+        with open(marker, "rb") as handle:
+            return handle.read(200).decode("utf-8", "replace").strip() == made.token
+    except OSError:
+        return False
+
+
+def remove_marked_dir(made: MadeDir) -> bool:
+    """Remove `made.path` and everything in it when it still carries this run's marker; a folder
+    that lost it (replaced, or a link put in its place) is left alone. True when removed."""
+    if not carries_marker(made):
+        return False
+    shutil.rmtree(made.path, ignore_errors=True)
+    return True

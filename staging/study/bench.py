@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import argparse
 import csv
-import shutil
+import io
+import os
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.plots import pyplot, write_png
+from mlhpc.common.writable import (
+    check_writable_dir,
+    make_marked_dir,
+    refuse_output_over_inputs,
+    remove_marked_dir,
+)
+from mlhpc.staging.manifest import MANIFEST_NAME
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.study import tools
 
@@ -79,7 +89,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="where each rank's copy goes: the node-local disk (default: the scratch directory)",
     )
     parser.add_argument("--comm", choices=("torch", "mpi"), default="torch", help="backend for ranks > 1")
-    parser.add_argument("--warm", action="store_true", help="keep the page cache (default: drop it, as root)")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="keep the source in the page cache (default: evict it before each step; as root, also "
+        "drop the whole cache once per dataset)",
+    )
     model = parser.add_argument_group("the paper model (--model prints it and exits)")
     model.add_argument("--model", action="store_true", help="print staging time vs node count and exit")
     model.add_argument("--fs-gbs", type=float, default=100.0, help="shared FS aggregate read GB/s")
@@ -107,71 +122,179 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--modes {','.join(unknown)} unknown; use {', '.join(MODES)}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats {args.repeats} must be at least 1")
-    out: Path = args.out
-    scratch = args.scratch or out / "scratch"
-    local: Path = args.local_dir or scratch
-    scratch.mkdir(parents=True, exist_ok=True)
-    local.mkdir(parents=True, exist_ok=True)
-    cold = not args.warm and tools.drop_caches()
-    print(f"page cache dropped before each run: {cold}; source: {scratch}; node-local: {local}")
+    outputs = _check_outputs(args)  # before minutes of measuring, not after
+    datasets = _plan_datasets(args)
+    cold = not args.warm
+    print(
+        f"{_estimate_line(datasets, args, modes)}; source: {args.scratch or args.data or 'a new folder in --out'}; "
+        f"node-local: {args.local_dir or 'beside the source'}"
+    )
+    # Every folder written in is made here under a fresh name and marked; only those are removed.
+    scratch_made = None if args.scratch else make_marked_dir(args.out, "stage-bench-scratch-")
+    scratch = args.scratch or scratch_made.path  # type: ignore[union-attr]
+    local_made = make_marked_dir(args.local_dir or scratch, "stage-bench-local-")
     rows: list[dict[str, Any]] = []
     try:
-        datasets = _datasets(args, scratch)
-        for file_kib, src, files, size in datasets:
-            base = tools.medians(tools.timings_by_round(src, size, local, args.repeats, cold))
-            for name, timing in base.items():
-                rows.append(_row(file_kib, files, size, name, "", 1, 0, timing, size, base, 1.0))
-                print(f"{file_kib:>8} KiB  {name:<10} {size / timing.wall_s / 1e6:8.0f} MB/s{_extra(timing)}")
-            for ranks in args.ranks:
-                for mode in ["replicate"] if ranks == 1 else modes:
-                    plan = [
-                        {
-                            "src": str(src),
-                            "dest": str(local / "dest"),
-                            "mode": mode,
-                            "workers": w,
-                            "cold": cold,
-                        }
-                        for w in args.workers
-                        for _ in range(args.repeats)
-                    ]
-                    results = tools.run_plan_in_ranks(plan, ranks, scratch, args.comm)
-                    for w in args.workers:
-                        mine = [r for r in results if r["workers"] == w]
-                        timing = tools.median_timing([tools.Timing.from_row(r) for r in mine])
-                        written = size * (1 if mode == "shard" else ranks)
-                        reads = statistics.median(r["job_read_bytes"] for r in mine) / size
-                        rows.append(
-                            _row(file_kib, files, size, "mlhpc", mode, ranks, w, timing, written, base, reads)
-                        )
-                        print(
-                            f"{file_kib:>8} KiB  mlhpc {mode:<9} ranks={ranks} workers={w:<3} "
-                            f"{written / timing.wall_s / 1e6:8.0f} MB/s written{_extra(timing)}  "
-                            f"(source read {reads:.2f}x)"
-                        )
+        for number, (file_kib, files, size) in enumerate(datasets, 1):
+            src = _dataset(args, scratch, file_kib, files, size)
+            dropped = cold and _drop_whole_cache_once()
+            print(
+                f"dataset {number} of {len(datasets)}: {files} files of {_size_label(file_kib)}; "
+                f"source {'cold' if cold else 'warm'}{' (page cache dropped)' if dropped else ''}"
+            )
+            rows += _measure(args, modes, src, file_kib, files, size, local_made.path, cold)
     finally:
-        shutil.rmtree(local / "dest", ignore_errors=True)
-        if args.scratch is None and args.data is None:
-            shutil.rmtree(scratch, ignore_errors=True)
-    write_outputs(out, rows, cold)
-    print(f"wrote {out / 'stage_bench.csv'}, {out / 'stage_bench.png'}, {out / 'stage_bench.md'}")
+        remove_marked_dir(local_made)
+        if scratch_made is not None:
+            remove_marked_dir(scratch_made)
+    write_outputs(outputs, rows, cold)
+    print(f"wrote {outputs['csv']}, {outputs['png']}, {outputs['md']}")
     return 0
 
 
-def _datasets(args: argparse.Namespace, scratch: Path) -> list[tuple[int, Path, int, int]]:
-    """(file KiB, root, files, bytes) for each dataset of the study."""
+def _check_outputs(args: argparse.Namespace) -> dict[str, Path]:
+    """Refuse, in one line, any output that is or lies in `--data`, or a folder that cannot be
+    written; the three result files' real paths."""
+    inputs = [args.data]
+    for option, folder in (("--out", args.out), ("--scratch", args.scratch), ("--local-dir", args.local_dir)):
+        if folder is not None:
+            refuse_output_over_inputs(folder, inputs, option, folder=True)
+            check_writable_dir(folder, option)
+    return {
+        kind: refuse_output_over_inputs(
+            args.out / f"stage_bench.{kind}", inputs, "--out", suffixes=(f".{kind}",)
+        )
+        for kind in ("csv", "png", "md")
+    }
+
+
+def _drop_whole_cache_once() -> bool:
+    """Drop the machine's page cache (root only) and let the freed pages settle: once per dataset,
+    so that its first copy also finds directories and inodes cold. Each step evicts the source's
+    own pages instead (`tools.evict`): dropping the whole cache per step cost minutes."""
+    if not tools.drop_caches():
+        return False
+    time.sleep(tools.SETTLE_S)
+    return True
+
+
+def _measure(
+    args: argparse.Namespace,
+    modes: list[str],
+    src: Path,
+    file_kib: int,
+    files: int,
+    size: int,
+    local: Path,
+    cold: bool,
+) -> list[dict[str, Any]]:
+    """The baselines, then `mlhpc stage` per rank count, mode and worker count, on one dataset."""
+    rows = []
+    base = tools.medians(tools.timings_by_round(src, size, local, args.repeats, cold))
+    for name, timing in base.items():
+        rows.append(_row(file_kib, files, size, name, "", 1, 0, timing, size, base, 1.0))
+        print(f"{file_kib:>8} KiB  {name:<10} {size / timing.wall_s / 1e6:8.0f} MB/s{_extra(timing)}")
+    for ranks in args.ranks:
+        for mode in ["replicate"] if ranks == 1 else modes:
+            plan = [
+                {
+                    "src": str(src),
+                    "dest": str(local / f"stage-{file_kib}k-{mode}-{ranks}"),
+                    "mode": mode,
+                    "workers": w,
+                    "cold": cold,
+                }
+                for w in args.workers
+                for _ in range(args.repeats)
+            ]
+            results = tools.run_plan_in_ranks(plan, ranks, local, args.comm)
+            for w in args.workers:
+                mine = [r for r in results if r["workers"] == w]
+                timing = tools.median_timing([tools.Timing.from_row(r) for r in mine])
+                written = size * (1 if mode == "shard" else ranks)
+                reads = statistics.median(r["job_read_bytes"] for r in mine) / size
+                rows.append(
+                    _row(file_kib, files, size, "mlhpc", mode, ranks, w, timing, written, base, reads)
+                )
+                print(
+                    f"{file_kib:>8} KiB  mlhpc {mode:<9} ranks={ranks} workers={w:<3} "
+                    f"{written / timing.wall_s / 1e6:8.0f} MB/s written{_extra(timing)}  "
+                    f"(source read {reads:.2f}x)"
+                )
+    return rows
+
+
+def _plan_datasets(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """(file KiB, files, bytes) of each dataset of the study, before any is made."""
     if args.data is not None:
         from mlhpc.staging.stage import read_source
 
         manifest, _ = read_source(args.data)
         files, size = len(manifest.files), manifest.total_bytes
-        return [(size // max(1, files) >> 10, args.data, files, size)]
-    out = []
+        return [(size // max(1, files) >> 10, files, size)]
+    plans = []
     for kib in args.file_kib:
-        root = scratch / f"data-{kib}k"
-        files = tools.make_dataset(root, args.total_mib << 20, kib << 10)
-        out.append((kib, root, files, files * (kib << 10)))
-    return out
+        if kib < 1:
+            raise ConfigError(f"--file-kib {kib} must be at least 1")
+        files = max(1, (args.total_mib << 20) // (kib << 10))
+        plans.append((kib, files, files * (kib << 10)))
+    return plans
+
+
+def _dataset(args: argparse.Namespace, scratch: Path, kib: int, files: int, size: int) -> Path:
+    """The source of one dataset: `--data`, or one generated under the scratch folder (reused
+    there when a study made it before)."""
+    if args.data is not None:
+        return args.data
+    root = scratch / f"data-{kib}k"
+    if not (root / MANIFEST_NAME).is_file():
+        print(f"generating {files} files of {_size_label(kib)} ({size / 2**20:.0f} MiB) in {root}")
+    tools.make_dataset(root, args.total_mib << 20, kib << 10)
+    os.sync()  # written back, so that evicting its pages later leaves it cold
+    return root
+
+
+ASSUMED_BYTES_S = 300e6
+"""The disk speed the up-front estimate assumes (a SATA SSD or a busy NVMe); its line says so."""
+PER_FILE_S = 1e-4
+"""What each file costs a copy beyond its bytes (open, create, close), for the estimate."""
+GROUP_LAUNCH_S = 5.0
+"""Starting a group of rank processes (torch's launcher and imports), for the estimate."""
+
+
+def estimate_seconds(
+    datasets: list[tuple[int, int, int]], args: argparse.Namespace, modes: list[str]
+) -> float:
+    """Roughly how long the study takes: bytes read and written by every step at
+    `ASSUMED_BYTES_S`, a cost per file, a launch per rank group and the cache drops."""
+    seconds = 0.0
+    for _, files, size in datasets:
+        generate = 2 * size if args.data is None else 0  # written, then read for the manifest
+        # per round: cp and tar (read, write, read once), raw write, raw read, copy limit, per depth
+        depths = len(tools.RAW_DEPTHS)
+        base = args.repeats * (2 * 3 * size + depths * 4 * size)
+        runs = 0
+        for ranks in args.ranks:
+            for mode in ["replicate"] if ranks == 1 else modes:
+                copies = 1 if mode == "shard" else ranks
+                runs += len(args.workers) * args.repeats * (size + 2 * copies * size)
+                seconds += GROUP_LAUNCH_S if ranks > 1 else 0
+        steps = args.repeats * 2 + len(args.workers) * args.repeats * sum(
+            len(["replicate"] if r == 1 else modes) for r in args.ranks
+        )
+        seconds += (generate + base + runs) / ASSUMED_BYTES_S + 3 * files * steps * PER_FILE_S
+        seconds += 0 if args.warm else tools.SETTLE_S + 1
+    return seconds
+
+
+def _estimate_line(datasets: list[tuple[int, int, int]], args: argparse.Namespace, modes: list[str]) -> str:
+    seconds = estimate_seconds(datasets, args, modes)
+    total = sum(size for _, _, size in datasets)
+    when = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{max(1, round(seconds))} s"
+    return (
+        f"stage-bench: {len(datasets)} dataset(s), {total / 2**20:.0f} MiB in all; about {when} "
+        f"if the disks give {ASSUMED_BYTES_S / 1e6:.0f} MB/s"
+    )
 
 
 def _extra(timing: tools.Timing) -> str:
@@ -238,14 +361,15 @@ def _row(
     }
 
 
-def write_outputs(out: Path, rows: list[dict[str, Any]], cold: bool) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "stage_bench.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(rows, out / "stage_bench.png")
-    (out / "stage_bench.md").write_text(summary(rows, cold))
+def write_outputs(paths: dict[str, Path], rows: list[dict[str, Any]], cold: bool) -> None:
+    """The CSV, PNG and summary, each written whole under a temporary name, then renamed."""
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(paths["csv"], table.getvalue())
+    plot(rows, paths["png"])
+    atomic_write_text(paths["md"], summary(rows, cold))
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -310,7 +434,8 @@ def summary(rows: list[dict[str, Any]], cold: bool) -> str:
     lines = [
         "# Staging throughput study",
         "",
-        f"Cold page cache before every run: {'yes' if cold else 'no'}; medians of the repeats. Times are",
+        f"Cold source before every run: {'yes' if cold else 'no'} (its own pages evicted before each step; the",
+        "whole page cache dropped once per dataset when run as root); medians of the repeats. Times are",
         "the user's clock: `s` is the copy's wall time as the user waits for it (no sync), `s read once`",
         "until every staged file has also been read once (a first epoch); `extra: s with sync` (the",
         "copy, then `sync` until it is on disk) is an extra, not what the user waits for. MB/s counts",

@@ -1,6 +1,8 @@
 """The measurements behind the staging study: datasets, baselines, and timed staging runs.
 
-Every timing starts from a cold page cache when run as root. Copies are timed on the user's
+Every timing starts from a cold source: its own pages evicted from the page cache before each
+copy (`evict`, any user), and the whole cache dropped once per dataset by the caller as root
+(`drop_caches`; never before each step: that costs the whole machine). Copies are timed on the user's
 clock (`Timing`: the wall time without `sync`, then until every staged file has been read once,
 and a sync-inclusive figure only as a labelled extra), for the baselines and `mlhpc stage` alike;
 the raw disk measures use O_DIRECT and end when their writes are on disk.
@@ -17,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,12 +47,37 @@ def drop_caches() -> bool:
     return True
 
 
+def evict(src: Path) -> bool:
+    """Drop the page cache of `src`'s own files (posix_fadvise DONTNEED on each): cold data for
+    the next copy, without root and without emptying the rest of the machine's cache. Dirty
+    pages stay (write them back first); False where the platform has no fadvise."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for path in source_files(src):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue  # the copy will name it
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
+
+
 def make_dataset(root: Path, total_bytes: int, file_bytes: int) -> int:
     """Files of `file_bytes` (incompressible) adding up to about `total_bytes`, with a manifest,
-    in folders of 1,000 as real datasets are laid out. Returns the file count."""
+    in folders of 1,000 as real datasets are laid out. Returns the file count. A `root` that
+    has a manifest is reused as it is; one that holds anything else is refused (never written
+    over: it is someone's folder)."""
     count = max(1, total_bytes // file_bytes)
     if (root / MANIFEST_NAME).is_file():
         return count
+    if root.is_symlink() or (root.exists() and (not root.is_dir() or any(root.iterdir()))):
+        raise StagingError(
+            f"{root} exists and is not a dataset the study made (no {MANIFEST_NAME}); "
+            "move it away or pass another --scratch"
+        )
     block = os.urandom(min(file_bytes, 64 << 20) + 64)
     for i in range(count):
         path = root / f"part{i // 1000:04d}" / f"sample_{i:07d}.bin"
@@ -122,33 +150,41 @@ def user_clock(copy: Callable[[], object], dest: Path) -> Timing:
     )
 
 
-def _settle(cold: bool) -> None:
-    if cold and drop_caches():
-        time.sleep(SETTLE_S)
-
-
-def timed(action: Callable[[], object], cold: bool = True) -> float:
+def timed(action: Callable[[], object], cold_source: Path | None = None) -> float:
     """Seconds for `action` plus a `sync`: the raw disk measures, whose writes are O_DIRECT and
-    fsynced, so that the sync finds nothing left of theirs to write."""
-    _settle(cold)
+    fsynced, so that the sync finds nothing left of theirs to write. `cold_source` is evicted
+    from the page cache first (for a file system that refuses O_DIRECT)."""
+    if cold_source is not None:
+        evict(cold_source)
     started = time.perf_counter()
     action()
     os.sync()
     return time.perf_counter() - started
 
 
-def _copy_timing(copy: Callable[[], object], dest: Path, cold: bool) -> Timing:
-    """`user_clock(copy)` into a `dest` that does not exist before and is removed after."""
-    shutil.rmtree(dest, ignore_errors=True)
+def _fresh(path: Path) -> Path:
+    """`path`, refused when something is there already: a measure removes only what it made."""
+    if path.exists() or path.is_symlink():
+        raise StagingError(f"{path} exists already; the study writes only where nothing is (move it away)")
+    return path
+
+
+def _copy_timing(copy: Callable[[], object], src: Path, dest: Path, cold: bool) -> Timing:
+    """`user_clock(copy)` from a cold `src` into a `dest` that does not exist before (else refused)
+    and is removed after: this call made it."""
+    _fresh(dest)
     try:
-        _settle(cold)
+        if cold:
+            evict(src)
         return user_clock(copy, dest)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
 
 def cp_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
-    return _copy_timing(lambda: subprocess.run(["cp", "-r", str(src), str(dest)], check=True), dest, cold)
+    return _copy_timing(
+        lambda: subprocess.run(["cp", "-r", str(src), str(dest)], check=True), src, dest, cold
+    )
 
 
 def tar_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
@@ -161,7 +197,7 @@ def tar_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
         if writer.wait() != 0:
             raise StagingError(f"tar could not read {src}")
 
-    return _copy_timing(pipe, dest, cold)
+    return _copy_timing(pipe, src, dest, cold)
 
 
 DD_STREAMS = 32
@@ -193,7 +229,7 @@ def _direct_reads_allowed(path: Path) -> bool:
 
 
 def dd_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
-    return _copy_timing(lambda: parallel_dd(src, dest), dest, cold)
+    return _copy_timing(lambda: parallel_dd(src, dest), src, dest, cold)
 
 
 RAW_STREAMS = 4
@@ -287,8 +323,9 @@ def _raw_write(directory: Path, total_bytes: int, streams: int) -> None:
 
 def raw_write_seconds(directory: Path, total_bytes: int, streams: int = RAW_STREAMS) -> float:
     """O_DIRECT writes of 16 MiB into `streams` new files in `directory` at once, each fsynced: the
-    disk's write speed without the page cache. The directory is removed afterwards."""
-    shutil.rmtree(directory, ignore_errors=True)
+    disk's write speed without the page cache. The directory must not exist before (else refused)
+    and is removed afterwards."""
+    _fresh(directory)
     _random_block()
     try:
         started = time.perf_counter()
@@ -303,7 +340,7 @@ def raw_read_seconds(src: Path, cold: bool = True, streams: int = RAW_STREAMS) -
     `streams` at once: what the disk gives, without software or the page cache (whose page
     allocations cost more than the disk in some VMs)."""
     paths = source_files(src)
-    return timed(lambda: _raw_read(paths, streams), cold)
+    return timed(lambda: _raw_read(paths, streams), src if cold else None)
 
 
 def raw_copy_seconds(src: Path, write_dir: Path, cold: bool = True, streams: int = RAW_STREAMS) -> float:
@@ -315,7 +352,7 @@ def raw_copy_seconds(src: Path, write_dir: Path, cold: bool = True, streams: int
     """
     paths = source_files(src)
     size = sum(path.stat().st_size for path in paths)
-    shutil.rmtree(write_dir, ignore_errors=True)
+    _fresh(write_dir)
     _random_block()
 
     def both() -> None:
@@ -328,7 +365,7 @@ def raw_copy_seconds(src: Path, write_dir: Path, cold: bool = True, streams: int
                 job.result()
 
     try:
-        return timed(both, cold)
+        return timed(both, src if cold else None)
     finally:
         shutil.rmtree(write_dir, ignore_errors=True)
 
@@ -410,7 +447,7 @@ def medians(times: dict[str, list[Timing]]) -> dict[str, Timing]:
 
 def stage_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
     """One rank's `stage_dataset` with its defaults, like `cp_timing`."""
-    return _copy_timing(lambda: stage_dataset(src, dest), dest, cold)
+    return _copy_timing(lambda: stage_dataset(src, dest), src, dest, cold)
 
 
 def memory_cgroup(name: str, limit_bytes: int) -> Path | None:
@@ -455,17 +492,16 @@ def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[st
     """Timed `stage_dataset` runs, one per plan row, on every rank together; rank 0's results.
 
     Each rank stages into `<dest>/node<N>`, standing in for one node's local disk. A result holds
-    the row's `Timing` fields: `wall_s` from the first barrier to the one after staging; unless the
+    the row's `Timing` fields: `wall_s` from the first barrier to the one after staging (the
+    source's pages evicted before it when the row says `"cold"`); unless the
     row says `"read": false`, `read_once_s` until every rank has read its node's copy once; unless
     it says `"sync": false`, `extra_with_sync_s`, `wall_s` plus rank 0's `sync` (after the read).
     """
     results = []
     for row in plan:
-        dest = Path(row["dest"]) / f"node{comm.topology.node}"
-        shutil.rmtree(dest, ignore_errors=True)
-        comm.barrier()
-        if comm.rank == 0 and row["cold"] and drop_caches():
-            time.sleep(SETTLE_S)
+        dest = _fresh(Path(row["dest"]) / f"node{comm.topology.node}")
+        if comm.rank == 0 and row["cold"]:
+            evict(Path(row["src"]))
         comm.barrier()
         started = time.perf_counter()
         report = stage_dataset(
@@ -502,9 +538,22 @@ def run_plan_in_ranks(
     """Run `plan` in `ranks` local processes, each its own node (one launch for the whole plan)."""
     if ranks == 1:
         return run_plan(CallbackComm(), plan)
-    plan_path, result_path = work / f"plan-{ranks}.json", work / f"results-{ranks}.json"
-    plan_path.write_text(json.dumps(list(plan)))
-    result_path.unlink(missing_ok=True)
+    # Fresh names made here, removed here: nothing of anyone else's in `work` is written or removed.
+    plan_fd, plan_name = tempfile.mkstemp(prefix=f"plan-{ranks}-", suffix=".json", dir=work)
+    result_fd, result_name = tempfile.mkstemp(prefix=f"results-{ranks}-", suffix=".json", dir=work)
+    os.close(result_fd)
+    plan_path, result_path = Path(plan_name), Path(result_name)
+    try:
+        with os.fdopen(plan_fd, "w") as handle:
+            handle.write(json.dumps(list(plan)))
+        return _launch_group(plan_path, result_path, ranks, comm)
+    finally:
+        plan_path.unlink(missing_ok=True)
+        result_path.unlink(missing_ok=True)
+
+
+def _launch_group(plan_path: Path, result_path: Path, ranks: int, comm: str) -> list[dict[str, Any]]:
+    """Launch the `ranks` processes on `plan_path`; their rank 0 writes `result_path`."""
     module = ["-m", "mlhpc.staging.study.tools", str(plan_path), str(result_path), comm]
     if comm == "mpi":
         launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), sys.executable]
@@ -522,7 +571,7 @@ def run_plan_in_ranks(
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
     }
     proc = subprocess.run([*launcher, *module], capture_output=True, text=True, env=env)
-    if proc.returncode != 0 or not result_path.is_file():
+    if proc.returncode != 0 or not result_path.stat().st_size:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise StagingError(f"the {ranks}-rank staging group failed: {' | '.join(tail)}")
     return json.loads(result_path.read_text())
