@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mlhpc import __version__
-from mlhpc.commands import RULESETS, add_command
+from mlhpc.commands import ALLOW_SIZE_HELP, RULESETS, add_command, size_argument
 from mlhpc.commands import run as run_command
 from mlhpc.commands import stage as stage_commands
 from mlhpc.common.debug_log import configure_console
@@ -112,6 +112,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--out", type=Path, required=True, help="dataset directory to write")
     gen.add_argument("--samples", type=int, default=None, help="training samples (default: the config's)")
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--allow-size", type=size_argument, default=None, metavar="SIZE", help=ALLOW_SIZE_HELP)
     gen.add_argument("overrides", nargs="*", metavar="key=value")
     gen.set_defaults(handler=_generate)
 
@@ -160,25 +161,36 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from mlhpc.common import registry
+    from mlhpc.common import catalog
     from mlhpc.common.config import load_config
     from mlhpc.common.writable import check_writable_dir
-    from mlhpc.generation import generate_dataset
+    from mlhpc.generation import SizeCheck, check_size, dataset_bytes, generate_dataset
 
     if args.samples is not None and args.samples < 1:
         raise ConfigError(
             f"--samples {args.samples}: a dataset needs at least 1 training sample; pass --samples 1 "
             "or more, or leave it out for the config's data.num_train_samples"
         )
-    bench = registry.get(args.benchmark)
-    cfg = load_config(bench.config_class, bench.config_path(args.config), args.overrides)
+    info = catalog.info(args.benchmark)
+    cfg = load_config(info.config_class, info.config_path(args.config), args.overrides)
     check_writable_dir(args.out, "--out")
+    size = SizeCheck(
+        expected=dataset_bytes(info.name, cfg, args.samples),
+        allow=args.allow_size,
+        what=f"mlhpc generate {info.name} --config {args.config}",
+        fix="pass --samples N for a smaller one",
+    )
+    check_size(args.out, size, reuse_complete=False)  # before torch is imported: a refusal is quick
+    from mlhpc.common import registry
+
+    bench = registry.get(info.name)
     started = time.perf_counter()
     generate_dataset(
         args.out,
         lambda folder: bench.generate(cfg, folder, num_samples=args.samples, seed=args.seed),
         reuse_complete=False,
         not_ours_fix="pass a new or empty --out, or move them away",
+        size=size,
     )
     print(f"wrote {bench.name} data to {args.out} in {time.perf_counter() - started:.1f} s")
     return 0

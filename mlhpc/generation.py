@@ -18,11 +18,17 @@ taking the first one's half-written files for a killed generation's and removing
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlhpc import __version__
 from mlhpc.common.datasets import DATASET_COMPLETE, DATASET_GENERATING
@@ -33,16 +39,27 @@ from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest
 
 
 def generate_dataset(
-    data_dir: Path, write: Callable[[Path], None], *, reuse_complete: bool, not_ours_fix: str
+    data_dir: Path,
+    write: Callable[[Path], None],
+    *,
+    reuse_complete: bool,
+    not_ours_fix: str,
+    size: SizeCheck | None = None,
 ) -> bool:
     """Make `data_dir` a dataset written by `write(data_dir)`, with its manifest; False when a
-    finished one was reused. A folder mlhpc did not make is a DataError ending in `not_ours_fix`."""
+    finished one was reused. A folder mlhpc did not make is a DataError ending in `not_ours_fix`.
+    With `size`, a dataset that does not fit or was not asked for is refused before anything is
+    written (see `check_room`), and a generation lasting more than a few seconds shows progress."""
     data_dir = Path(data_dir)
+    if size is not None:
+        check_size(data_dir, size, reuse_complete=reuse_complete)
     if _is_ours(data_dir) is None and not (data_dir / LOCK_NAME).exists():
         # Judged before the lock makes the folder: a user's folder is refused untouched.
         _refuse_foreign(data_dir, not_ours_fix)
-    with folder_lock(
-        data_dir, "generating a dataset", "wait for that generation to finish, or pass another folder"
+    busy_fix = "wait for that generation to finish, or pass another folder"
+    with (
+        folder_lock(data_dir, "generating a dataset", busy_fix),
+        GenerationProgress(data_dir, size.expected if size is not None else None),
     ):
         return _generate_locked(data_dir, write, reuse_complete=reuse_complete, not_ours_fix=not_ours_fix)
 
@@ -134,3 +151,252 @@ def _holds_anything(folder: Path) -> bool:
     if not folder.exists():
         return False
     return not folder.is_dir() or any(entry.name != LOCK_NAME for entry in folder.iterdir())
+
+
+# ---------------------------------------------------------------- sizes and free space
+ASK_ABOVE_BYTES = 4 * 2**30
+"""A synthetic dataset larger than this is generated only with --allow-size naming its size."""
+_MANIFEST_BYTES_PER_FILE = 200  # one manifest line per file: path, size, checksum
+_NPY_HEADER = 128
+_HDF5_FILE_BYTES = 4096  # superblock, object headers and the chunk index of a small HDF5 file
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)(b?)\s*\Z", re.IGNORECASE)
+
+
+def split_counts(data: Any, num_samples: int | None) -> tuple[int, int]:
+    """(train, eval) samples a generator writes: the config's, or `num_samples` with the config's
+    ratio (the rule every benchmark's `generate` follows)."""
+    if num_samples is None:
+        return data.num_train_samples, data.num_eval_samples
+    return num_samples, max(1, round(num_samples * data.num_eval_samples / data.num_train_samples))
+
+
+def dataset_bytes(benchmark: str, cfg: Any, num_samples: int | None = None) -> int | None:
+    """About how many bytes `mlhpc generate` writes for this config (the data files, their
+    headers and the manifest), from the config alone; None for a benchmark whose layout this
+    does not know (a plugin's), whose generation then goes unchecked."""
+    sizer = _SIZERS.get(benchmark)
+    if sizer is None:
+        return None
+    train, evaluation = split_counts(cfg.data, num_samples)
+    per_sample, files_per_sample, fixed = sizer(cfg.data)
+    samples = train + evaluation
+    return samples * (per_sample + files_per_sample * _MANIFEST_BYTES_PER_FILE) + fixed
+
+
+def _cosmoflow(d: Any) -> tuple[int, int, int]:
+    data = d.sample_size**3 * d.num_channels * 2 + _NPY_HEADER  # int16 counts
+    label = 4 * 4 + _NPY_HEADER  # 4 float32 targets
+    return data + label + 2 * 40, 2, 4096  # a line in each file list per sample; the lists' folders
+
+
+def _deepcam(d: Any) -> tuple[int, int, int]:
+    pixels = d.height * d.width
+    data, label = pixels * d.num_channels * 4, pixels * 4  # float32 fields, int32 classes
+    if d.format == "numpy":
+        return data + label + 2 * _NPY_HEADER, 2, _HDF5_FILE_BYTES
+    return data + label + _HDF5_FILE_BYTES, 1, _HDF5_FILE_BYTES  # stats.h5 besides
+
+
+def _extreme_weather(d: Any) -> tuple[int, int, int]:
+    image = d.num_channels * d.height * d.width * 4 + d.max_boxes * 5 * 4 + 64  # + its chunk's index entry
+    return image, 0, 1000 * _HDF5_FILE_BYTES  # a file a year (1,460 samples): a bounded few
+
+
+_SIZERS: dict[str, Callable[[Any], tuple[int, int, int]]] = {
+    "cosmoflow": _cosmoflow,
+    "deepcam": _deepcam,
+    "extreme_weather": _extreme_weather,
+}
+"""bytes per sample, files per sample, bytes per dataset: each built-in generator's layout."""
+
+
+def human_size(count: int, *, round_up: bool = True) -> str:
+    """`9.9 TB`, `417 MB` (decimal units); rounded up by default, so that a size shown to a person
+    and typed back as --allow-size covers the real one; `round_up=False` for free space."""
+    units = ("B", "KB", "MB", "GB", "TB", "PB")
+    count = int(count)
+    power = 0
+    while power < len(units) - 1 and count >= 1000 ** (power + 1):
+        power += 1
+    scale = 1000**power if power == 0 or count >= 100 * 1000**power else 1000**power // 10
+    whole = -(-count // scale) if round_up else count // scale  # integers: exact at every size
+    text = str(whole) if scale == 1000**power else f"{whole // 10}.{whole % 10}"
+    return f"{text} {units[power]}"
+
+
+def parse_size(text: str) -> int:
+    """`9.9TB`, `500 GB`, `4GiB`, `1000000` -> bytes; ValueError naming the fix otherwise."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
+    number, prefix, binary, _ = match.groups()
+    scale = _UNITS[prefix.lower()]
+    if binary:
+        if not prefix:
+            raise ValueError(f"{text!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
+        scale = 2 ** (10 * "kmgtp".index(prefix.lower()) + 10)
+    return math.ceil(float(number) * scale)
+
+
+def free_bytes(target: Path) -> tuple[Path, int]:
+    """The nearest existing folder at or above `target`, and the bytes free to this user there."""
+    existing = Path(os.path.abspath(target))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing, shutil.disk_usage(existing).free
+
+
+@dataclass(frozen=True)
+class SizeCheck:
+    """What `generate_dataset` checks before it writes: see `check_room`."""
+
+    expected: int | None
+    """dataset_bytes of the config; None: unknown, nothing is checked."""
+    allow: int | None
+    """--allow-size, in bytes."""
+    what: str
+    """The command, as the refusal names it: `mlhpc run cosmoflow --config full without --data`."""
+    fix: str
+    """The other way out than --allow-size, e.g. `pass --data DIR holding the dataset`."""
+
+
+def run_size_check(benchmark: str, cfg: Any, config: str, allow: int | None) -> SizeCheck:
+    """What `mlhpc run` without --data checks before generating (every route: the command, the
+    dry run and the runner on rank 0)."""
+    return SizeCheck(
+        expected=dataset_bytes(benchmark, cfg),
+        allow=allow,
+        what=f"mlhpc run {benchmark} --config {config} without --data",
+        fix="pass --data DIR holding the real dataset",
+    )
+
+
+def planned_data_text(data_dir: Path, size: SizeCheck) -> str:
+    """What a run without --data will do for its dataset, for the dry run: `a synthetic dataset
+    of about 43.0 MB generated into runs/datasets/cosmoflow-mini (78.0 GB free there)`. Refused
+    as the run would be (check_size)."""
+    check_size(data_dir, size, reuse_complete=True)
+    if _is_ours(Path(data_dir)) == "complete":
+        return f"the synthetic dataset already in {data_dir} (reused)"
+    shown = f"about {human_size(size.expected)}" if size.expected is not None else "unknown size"
+    free = human_size(free_bytes(data_dir)[1], round_up=False)
+    return f"a synthetic dataset of {shown} generated into {data_dir} ({free} free there)"
+
+
+def check_size(data_dir: Path, size: SizeCheck, *, reuse_complete: bool) -> None:
+    """`check_room` for a generation into `data_dir`, unless a finished dataset there is reused."""
+    state = _is_ours(Path(data_dir))
+    if reuse_complete and state == "complete":
+        return
+    reclaimed = folder_bytes(Path(data_dir)) if state is not None else 0  # replaced: its space comes back
+    check_room(size.expected, Path(data_dir), size.allow, size.what, size.fix, reclaimed=reclaimed)
+
+
+def check_room(
+    size: int | None, target: Path, allow: int | None, what: str, other_fix: str, *, reclaimed: int = 0
+) -> None:
+    """Refuse (one DataError naming the size, the free space and the fix) a generation of `size`
+    bytes into `target` that does not fit on its disk (counting `reclaimed` bytes an old dataset
+    there gives back), or that is over ASK_ABOVE_BYTES without `allow` (--allow-size) at least
+    as large. `what` says what would be generated."""
+    if size is None:
+        return
+    where, free = free_bytes(target)
+    free += reclaimed
+    at = "there" if where == Path(os.path.abspath(target)) else f"at {where}"
+    shown, room = human_size(size), f"{human_size(free, round_up=False)} free {at}"
+    if size > free:
+        raise DataError(
+            f"{what} needs about {shown} of synthetic data in {target} but there is only {room}; "
+            f"{other_fix}, or free space there"
+        )
+    if size > ASK_ABOVE_BYTES and (allow is None or allow < size):
+        given = f" (--allow-size {human_size(allow).replace(' ', '')} is less)" if allow is not None else ""
+        raise DataError(
+            f"{what} would write about {shown} of synthetic data into {target} ({room}){given}; "
+            f"pass --allow-size {shown.replace(' ', '')} to generate it, or {other_fix}"
+        )
+
+
+# ---------------------------------------------------------------- progress while generating
+class GenerationProgress:
+    """While a generation runs: after a few quiet seconds, how much of `expected` bytes is written
+    and the time left, as a bar at a terminal or a line every PLAIN_EVERY_S in a job's output. It
+    measures the folder from a thread, so any generator's files count."""
+
+    QUIET_S = 3.0
+    PLAIN_EVERY_S = 30.0
+
+    def __init__(self, folder: Path, expected: int | None, stream: Any = None) -> None:
+        self.folder, self.expected = Path(folder), expected
+        self.stream = stream if stream is not None else sys.stderr
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lines = 0
+
+    def __enter__(self) -> GenerationProgress:
+        if self.expected:
+            self._thread = threading.Thread(target=self._watch, name="mlhpc-generation-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        if self._stop.wait(self.QUIET_S):
+            return
+        terminal = getattr(self.stream, "isatty", lambda: False)()
+        every = 1.0 if terminal else self.PLAIN_EVERY_S
+        while True:
+            t0 = time.monotonic()
+            written = folder_bytes(self.folder)
+            # A walk of a huge folder is slow; wait several walks' time so it stays a small share.
+            line = progress_text(written, self.expected or 1, time.monotonic() - started)
+            if terminal:
+                self.stream.write(f"\r{line}\x1b[K")
+            else:
+                self.stream.write(line + "\n")
+            self.stream.flush()
+            self.lines += 1
+            if self._stop.wait(max(every, 10 * (time.monotonic() - t0))):
+                break
+        if terminal:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def progress_text(written: int, expected: int, elapsed_s: float) -> str:
+    """`generating: 1.2 GB of 9.9 TB (0 %), 2:13:05 left` (no estimate before any bytes)."""
+    from mlhpc.common.progress import clock
+
+    share = min(written / expected, 1.0) if expected > 0 else 1.0
+    left = f", {clock(elapsed_s * (1 - share) / share)} left" if share > 0 else ""
+    return (
+        f"generating: {human_size(written, round_up=False)} of about {human_size(expected)} "
+        f"({share * 100:.0f} %){left}"
+    )
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under `folder` now (files vanishing meanwhile are skipped)."""
+    total = 0
+    stack = [folder]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(Path(entry.path))
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total

@@ -30,7 +30,7 @@ from mlhpc.common.locks import FolderBusy, folder_lock
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
 from mlhpc.common.progress import SILENT, Progress, seed_line
-from mlhpc.generation import generate_dataset
+from mlhpc.generation import SizeCheck, generate_dataset, run_size_check
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
 from mlhpc.staging import Communicator, comm_for, resolve_local_dir, stage_dataset
 from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_stale_stage_dirs
@@ -51,6 +51,8 @@ class RunOptions:
     out: Path
     data: Path | None = None
     local_dir: Path | None = None
+    allow_size: int | None = None
+    """--allow-size: the largest synthetic dataset over 4 GiB this run may generate (bytes)."""
     submitter: str | None = None
     """None: the campaign file's, else mlhpc (the same for system, division, status, ruleset)."""
     system: str | None = None
@@ -191,7 +193,10 @@ def _prepare(opts: RunOptions, ctx: DistContext, resolved: ResolvedConfig, plan:
     local_root = resolve_local_dir(opts.local_dir)
     if ctx.local_rank == 0:  # each node's own local dir
         remove_stale_stage_dirs(local_root)
-    data_dir = plan.data if not plan.generated_data else ensure_synthetic_data(bench, cfg, plan.data, ctx)
+    size = run_size_check(bench.name, cfg, opts.config, opts.allow_size)
+    data_dir = (
+        plan.data if not plan.generated_data else ensure_synthetic_data(bench, cfg, plan.data, ctx, size)
+    )
 
     def validate_and_describe() -> None:
         bench.validate_dataset(cfg, data_dir)
@@ -340,15 +345,21 @@ def plan_line(plan: CampaignPlan, opts: RunOptions, data_dir: Path) -> str:
     )
 
 
-def ensure_synthetic_data(bench: registry.Benchmark, cfg: Any, data_dir: Path, ctx: DistContext) -> Path:
+def ensure_synthetic_data(
+    bench: registry.Benchmark, cfg: Any, data_dir: Path, ctx: DistContext, size: SizeCheck | None = None
+) -> Path:
     """The benchmark's synthetic dataset in `data_dir` (campaign.dataset_dir), generated once and
-    reused after (the folder rule is `generation.generate_dataset`'s). Rank 0 does it, holding
-    --out's lock; its error reaches every rank."""
+    reused after (the folder rule is `generation.generate_dataset`'s; `size`: its size check).
+    Rank 0 does it, holding --out's lock; its error reaches every rank."""
     fix = f"pass --data {data_dir} to train on them, or move it away so that mlhpc generates a dataset there"
     on_main(
         ctx,
         lambda: generate_dataset(
-            data_dir, lambda folder: bench.generate(cfg, folder), reuse_complete=True, not_ours_fix=fix
+            data_dir,
+            lambda folder: bench.generate(cfg, folder),
+            reuse_complete=True,
+            not_ours_fix=fix,
+            size=size,
         ),
     )
     return data_dir

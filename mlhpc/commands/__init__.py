@@ -18,3 +18,19 @@ def add_command(
         epilog=f"example:\n  {example.replace(chr(10), chr(10) + '  ')}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def size_argument(text: str) -> int:
+    """--allow-size's value (`9.9TB`, `500GB`, `4GiB`) in bytes, for argparse's `type=`."""
+    from mlhpc.generation import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+ALLOW_SIZE_HELP = (
+    "generate a synthetic dataset over 4 GiB up to this size, e.g. 9.9TB (without it, a larger one "
+    "is refused, naming its size and the free space)"
+)

@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlhpc.commands import RULESETS, add_command
+from mlhpc.commands import ALLOW_SIZE_HELP, RULESETS, add_command, size_argument
 from mlhpc.common.errors import ConfigError
 
 if TYPE_CHECKING:
+    from mlhpc.generation import SizeCheck
     from mlhpc.runner import RunOptions
 
 
@@ -39,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     run.add_argument(
         "--local-dir", type=Path, default=None, help="node-local staging dir (or MLHPC_LOCAL_DIR)"
     )
+    run.add_argument("--allow-size", type=size_argument, default=None, metavar="SIZE", help=ALLOW_SIZE_HELP)
     settings = "; recorded in <out>/campaign.json, which later runs into --out follow"
     run.add_argument("--submitter", default=None, help=f"default mlhpc{settings}")
     run.add_argument(
@@ -132,6 +134,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name} {getattr(args, name)} must be at least 1; pass --{name} 1 or more")
     if args.index is not None and args.index < 0:
         raise ConfigError(f"--index {args.index} must be 0 or more")
+    refuse_surprise_size(args)  # before --out is locked or written: a refusal leaves nothing behind
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.slurm_campaign import run_slurm_campaign
 
@@ -177,6 +180,30 @@ def _run(args: argparse.Namespace) -> int:
     return campaign.check_status or 0
 
 
+def generated_size(args: argparse.Namespace) -> tuple[Path, SizeCheck] | None:
+    """Where a run without --data generates its dataset and what it checks first (None with --data)."""
+    if args.data is not None:
+        return None
+    from mlhpc.campaign import dataset_dir
+    from mlhpc.campaign_io import resolve_config
+    from mlhpc.generation import run_size_check
+
+    resolved = resolve_config(args.benchmark, args.config, args.overrides)
+    name = resolved.info.name
+    size = run_size_check(name, resolved.cfg, args.config, args.allow_size)
+    return dataset_dir(args.out, name, args.config), size
+
+
+def refuse_surprise_size(args: argparse.Namespace) -> None:
+    """A run without --data whose synthetic dataset would not fit, or is over 4 GiB without
+    --allow-size, is one line naming the size and the free space (see generation.check_room)."""
+    from mlhpc.generation import check_size
+
+    planned = generated_size(args)
+    if planned is not None:
+        check_size(planned[0], planned[1], reuse_complete=True)
+
+
 def _run_options(args: argparse.Namespace) -> RunOptions:
     from mlhpc.runner import RunOptions
 
@@ -189,6 +216,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         out=args.out,
         data=args.data,
         local_dir=args.local_dir,
+        allow_size=args.allow_size,
         submitter=args.submitter,
         system=args.system,
         division=args.division,
