@@ -36,6 +36,12 @@ from mlhpc.common.layout import Scaling, breakdown_file, result_file, results_di
 
 CAMPAIGN_FILE = "campaign.json"
 CAMPAIGN_FORMAT = 1
+MAX_SEED = 2**32 - 1
+"""The largest seed a run takes: NumPy's legacy seed is 32 bits, and torch's generators overflow
+at 2**64 (a sampler adds the epoch to the seed)."""
+MAX_RUNS = 10_000
+"""The most results one campaign entry holds (--seeds, --instances, --index + 1): a bound far
+above any rule's (10 seeds), so that `--index 1000000000` is refused instead of planned."""
 DEFAULTS: dict[str, str] = {"submitter": "mlhpc", "status": "onprem", "ruleset": "3.0.0"}
 CHOICES: dict[str, tuple[str, ...]] = {
     "division": ("closed", "open"),
@@ -242,6 +248,22 @@ def check_setting(name: str, value: str, where: str) -> None:
         raise ConfigError(f"{where}: {name} {value!r} must be a plain folder name (letters, digits, . _ + -)")
 
 
+def check_numbers(*, seeds: int, first_seed: int | None, index: int | None, flag: str = "--seeds") -> None:
+    """A ConfigError (one line, the flag, its value and the fix) unless every run of a campaign
+    of `seeds` runs (and `index`) from `first_seed` has a seed torch and NumPy accept. Called
+    where the options are parsed and again by the planner, before anything is recorded."""
+    if not 1 <= seeds <= MAX_RUNS:
+        raise ConfigError(f"{flag} {seeds} must be from 1 to {MAX_RUNS}; pass {flag} 1 or more")
+    if index is not None and not 0 <= index < MAX_RUNS:
+        raise ConfigError(f"--index {index} must be from 0 to {MAX_RUNS - 1}; pass the run's index in its campaign")
+    last = max(seeds, (index or 0) + 1) - 1
+    if first_seed is not None and not 1 <= first_seed <= MAX_SEED - last:
+        raise ConfigError(
+            f"--first-seed {first_seed} must be from 1 to {MAX_SEED - last} (every seed, first seed + index, "
+            f"is at most {MAX_SEED}); pass a smaller --first-seed"
+        )
+
+
 def plan_campaign(
     request: CampaignRequest,
     recorded: CampaignFile | None,
@@ -255,6 +277,8 @@ def plan_campaign(
     - a finished result is never rerun; an unfinished one only with --resume;
     - the finished runs fix the seeds (index i ran first_seed + i)."""
     where = Path(request.out) / CAMPAIGN_FILE
+    flag = "--seeds" if request.scaling == "strong" else "--instances"
+    check_numbers(seeds=request.seeds, first_seed=request.first_seed, index=request.index, flag=flag)
     hardware = recorded.hardware if recorded else None
     if request.default_system is not None and hardware not in (None, request.default_system):
         raise ConfigError(
@@ -292,8 +316,12 @@ def plan_campaign(
         if request.data is not None
         else dataset_dir(request.out, request.benchmark, request.config)
     )
-    new_entry = Entry(config=request.config, config_id=request.config_id, seeds=count, first_seed=first)
+    # The recorded --config stays as written (a Slurm job may name the same YAML by another path).
+    config = entry.config if entry is not None else request.config
+    new_entry = Entry(config=config, config_id=request.config_id, seeds=count, first_seed=first)
     entries = {**(recorded.entries if recorded else {}), key: new_entry}
+    record = CampaignFile(settings=settings, entries=entries, hardware=hardware or request.default_system)
+    _check_extends(recorded, record, where)
     return CampaignPlan(
         out=Path(request.out),
         benchmark=request.benchmark,
@@ -305,7 +333,7 @@ def plan_campaign(
         kept=tuple(sorted(i for i in fresh.finished if i not in to_run)),
         data=data,
         generated_data=request.data is None,
-        record=CampaignFile(settings=settings, entries=entries, hardware=hardware or request.default_system),
+        record=record,
     )
 
 
@@ -318,8 +346,6 @@ def _check_entry(request: CampaignRequest, entry: Entry | None, fresh: ResultSca
         )
     index = request.index
     if index is not None:
-        if index < 0:
-            raise ConfigError(f"--index {index} must be 0 or more")
         if index in fresh.finished:
             raise SubmissionError(f"result_{index}.txt of {name} already exists; pick another --index")
         if index in fresh.present and not request.resume:
@@ -340,13 +366,57 @@ def _check_entry(request: CampaignRequest, entry: Entry | None, fresh: ResultSca
 def _first_seed(
     request: CampaignRequest, entry: Entry | None, fresh: ResultScan, count: int, where: Path
 ) -> int | None:
-    """The finished runs' first seed (checked against --first-seed), else --first-seed, else the
-    recorded one; None: pick one."""
+    """The campaign's first seed: its finished runs' (checked against --first-seed and the record),
+    else the recorded one (the first run into --out fixed it: a different --first-seed is refused,
+    none follows it), else --first-seed; None: pick one."""
     from mlhpc.resume import resumed_first_seed
 
-    first = resumed_first_seed(dict(fresh.finished), count, request.first_seed, fresh.folder or where.parent)
-    if first is None and entry is not None:
+    folder = fresh.folder or where.parent
+    first = resumed_first_seed(dict(fresh.finished), count, request.first_seed, folder)
+    if entry is not None and fresh.finished and first != entry.first_seed:
+        index = min(fresh.finished)
+        raise SubmissionError(
+            f"{where} records first seed {entry.first_seed}, but {folder / f'result_{index}.txt'} ran seed "
+            f"{fresh.finished[index]} (first seed {first}); the results are what ran: move the results "
+            "or campaign.json away, or pass a new --out"
+        )
+    if entry is not None and not fresh.finished:
+        if request.first_seed is not None and request.first_seed != entry.first_seed:
+            raise ConfigError(
+                f"--first-seed {request.first_seed} differs from the first seed {entry.first_seed} {where} "
+                f"records for this campaign (the first run into --out fixed it); drop --first-seed to "
+                f"follow it, pass --first-seed {entry.first_seed}, or a new --out"
+            )
         first = entry.first_seed
-    if first is not None and first < 1:
-        raise ConfigError(f"--first-seed {first} must be a positive integer")
+    if first is not None and not 1 <= first <= MAX_SEED - (count - 1):
+        raise SubmissionError(
+            f"the results in {folder} fix this campaign's first seed at {first}, so its seeds leave "
+            f"1..{MAX_SEED}; move those results away, or pass a new --out"
+        )
     return first
+
+
+def _check_extends(recorded: CampaignFile | None, record: CampaignFile, where: Path) -> None:
+    """The campaign file is written once per campaign: a later plan may fill what it left open
+    (the system, the hardware, a new entry, more runs) but never change what it recorded. A
+    planner rule that broke this would corrupt every later run into --out, so it stops here."""
+    if recorded is None:
+        return
+    changed = [
+        name
+        for name, value in asdict(recorded.settings).items()
+        if value is not None and getattr(record.settings, name) != value
+    ]
+    if recorded.hardware not in (None, record.hardware):
+        changed.append("hardware")
+    for key, entry in recorded.entries.items():
+        new = record.entries.get(key)
+        if new is None or (new.config_id, new.first_seed) != (entry.config_id, entry.first_seed):
+            changed.append(f"entry {key}")
+        elif new.seeds < entry.seeds:
+            changed.append(f"entry {key}'s seeds")
+    if changed:
+        raise SubmissionError(
+            f"this run would change {', '.join(changed)} in {where}, which a campaign never does; "
+            "pass the campaign's options, or a new --out"
+        )

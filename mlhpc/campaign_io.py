@@ -4,23 +4,29 @@ config. Torch-free apart from what the benchmark catalog imports."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from mlhpc.campaign import (
+    CAMPAIGN_FILE,
+    CAMPAIGN_FORMAT,
     DEFAULTS,
+    MAX_RUNS,
+    MAX_SEED,
     SETTING_FLAGS,
     CampaignFile,
+    CampaignPlan,
+    CampaignRequest,
     Entry,
     ResultScan,
     Settings,
     check_setting,
     config_identity,
+    plan_campaign,
 )
-from mlhpc.common.errors import ConfigError, SubmissionError
+from mlhpc.common.errors import ConfigError, DataError, SubmissionError
 from mlhpc.common.layout import Scaling, results_dir
 
 MAX_CAMPAIGN_BYTES = 1 << 20
@@ -32,6 +38,7 @@ def read_campaign_file(path: Path) -> CampaignFile | None:
     data = _read_json(path)
     if data is None:
         return None
+    _check_format(data, path, required=True)
     try:
         values = _setting_values(data, path)
         for name, default in {**DEFAULTS, "division": "closed"}.items():
@@ -46,7 +53,7 @@ def read_campaign_file(path: Path) -> CampaignFile | None:
 
 
 def _read_json(path: Path) -> Any:
-    from mlhpc.common import safe_read
+    from mlhpc.common import safe_json, safe_read
 
     path = Path(path)
     if not path.exists() and not path.is_symlink():
@@ -55,9 +62,29 @@ def _read_json(path: Path) -> Any:
     if problem is not None:
         raise SubmissionError(problem.line(path))
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise SubmissionError(f"{path} is not an mlhpc campaign file ({e}); fix it or move it away") from e
+        return safe_json.load_file(path, dict, max_bytes=MAX_CAMPAIGN_BYTES)
+    except safe_json.BadJson as e:
+        raise SubmissionError(f"{path} is not an mlhpc campaign file ({e}); fix it or move it away") from None
+    except OSError as e:
+        raise SubmissionError(f"{path}: cannot read it ({e.strerror or e}); fix it or move it away") from None
+
+
+def _check_format(data: dict[str, Any], path: Path, *, required: bool) -> None:
+    """A campaign file of a format this mlhpc does not know is refused, never read as its own:
+    rewriting it would drop what the newer format records."""
+    version = data.get("mlhpc_campaign")
+    if version is None and not required:
+        return
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise SubmissionError(
+            f"{path} is not an mlhpc campaign file (mlhpc_campaign {str(version)[:20]!r}, not a format "
+            "number); fix it or move it away"
+        )
+    if version > CAMPAIGN_FORMAT:
+        raise SubmissionError(
+            f"{path} was written by a newer mlhpc (format {version}; this one reads {CAMPAIGN_FORMAT}); "
+            "use that version or a new --out"
+        )
 
 
 def _setting_values(data: Any, path: Path) -> dict[str, str | None]:
@@ -75,9 +102,12 @@ def _setting_values(data: Any, path: Path) -> dict[str, str | None]:
 
 
 def _entry(key: object, entry: Any) -> Entry:
-    numbers = [entry["seeds"], entry["first_seed"]]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in numbers):
-        raise ValueError(f"entry {key}: seeds and first_seed must be whole numbers from 1")
+    seeds, first = entry["seeds"], entry["first_seed"]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (seeds, first)):
+        raise ValueError(f"entry {key}: seeds and first_seed must be whole numbers")
+    # What a resume would run: every seed within what torch and NumPy take, a bounded count.
+    if not (1 <= seeds <= MAX_RUNS and 1 <= first <= MAX_SEED - (seeds - 1)):
+        raise ValueError(f"entry {key}: seeds 1..{MAX_RUNS} from a first_seed that keeps them in 1..{MAX_SEED}")
     return Entry(
         config=str(entry["config"]),
         config_id=str(entry["config_id"]),
@@ -94,6 +124,7 @@ def given_settings(path: Path | None, flags: Mapping[str, str | None]) -> dict[s
     data = _read_json(path)
     if data is None:
         raise ConfigError(f"--campaign {path}: no such file; pass an existing campaign file")
+    _check_format(data, path, required=False)
     try:
         from_file = _setting_values(data, path)
     except (TypeError, KeyError, AttributeError, ValueError) as e:
@@ -149,6 +180,21 @@ class ResolvedConfig:
 
         return registry.get(self.info.name)
 
+    def check_model(self, config: str) -> None:
+        """Build the model on torch's meta device (no memory, no data, well under a second): sizes
+        that cannot make a model are refused before the campaign file records them."""
+        import torch
+
+        try:
+            with torch.device("meta"):
+                self.benchmark.build_model(self.cfg)
+        except Exception as e:  # whatever the model code raises: one line
+            why = (str(e).splitlines() or [""])[0][:160]
+            raise ConfigError(
+                f"--config {config} with these overrides builds no {self.info.name} model ({type(e).__name__}: "
+                f"{why}); fix the model.* and data.* sizes"
+            ) from None
+
 
 def resolve_config(benchmark: str, config: str, overrides: tuple[str, ...] | list[str]) -> ResolvedConfig:
     """Load and validate `config` with `overrides` for `benchmark`: an unknown benchmark, config
@@ -160,3 +206,43 @@ def resolve_config(benchmark: str, config: str, overrides: tuple[str, ...] | lis
     info = catalog.info(benchmark)
     cfg = load_config(info.config_class, info.config_path(config), overrides)
     return ResolvedConfig(info, cfg, config_identity(info.name, to_dict(cfg)), info.division_for(cfg))
+
+
+def check_data_path(data: Path | None, out: Path) -> None:
+    """--data as a run reads it: a folder (an archive is staged first), not one holding --out (a
+    run writes results, datasets and logs there, changing the data it reads). One line each."""
+    if data is None:
+        return
+    data = Path(data)
+    if data.is_file() or (data.exists() and not data.is_dir()):
+        from mlhpc.staging.archive import archive_kind
+
+        if archive_kind(data) is not None:
+            raise DataError(
+                f"--data {data} is an archive, not a dataset folder; stage it first "
+                f"(mlhpc stage {data} DEST, then --data DEST), or point --data at the dataset's folder"
+            )
+        raise DataError(f"--data {data} is a file, not a dataset folder; point --data at the dataset's folder")
+    held, holder = Path(out).resolve(), data.resolve()
+    if held == holder or holder in held.parents:
+        raise ConfigError(
+            f"--out {out} is inside --data {data}: the run would write into the dataset it reads; "
+            "pass an --out outside --data"
+        )
+
+
+def plan_out(request: CampaignRequest, random_first_seed: Callable[[], int]) -> CampaignPlan:
+    """`plan_campaign` on what --out holds now, after the checks every route makes before a plan
+    is recorded (the caller holds --out's lock when it records it: `record_plan`)."""
+    check_data_path(request.data, request.out)
+    recorded = read_campaign_file(Path(request.out) / CAMPAIGN_FILE)
+    scan = scan_out(request.out, request.benchmark, request.scaling)
+    return plan_campaign(request, recorded, scan, random_first_seed)
+
+
+def record_plan(plan: CampaignPlan) -> None:
+    """Write the campaign file the plan leaves (under a temporary name, then renamed). The
+    planner only ever adds to what it records, so one campaign's file never changes setting."""
+    from mlhpc.common.fileio import atomic_write_json
+
+    atomic_write_json(plan.out / CAMPAIGN_FILE, plan.record.to_json())

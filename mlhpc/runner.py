@@ -18,8 +18,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from mlhpc import __version__
-from mlhpc.campaign import CAMPAIGN_FILE, SETTING_FLAGS, CampaignPlan, CampaignRequest, plan_campaign
-from mlhpc.campaign_io import ResolvedConfig, given_settings, read_campaign_file, resolve_config, scan_out
+from mlhpc.campaign import SETTING_FLAGS, CampaignPlan, CampaignRequest
+from mlhpc.campaign_io import ResolvedConfig, given_settings, plan_out, record_plan, resolve_config
 from mlhpc.common import registry
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
@@ -142,10 +142,8 @@ def campaign_request(
 def plan_and_record(request: CampaignRequest, claims: ExitStack) -> CampaignPlan:
     """Plan the campaign, take the run lock of each index it runs (into `claims`), clear those
     indices' half-written logs and write the campaign file. The caller holds --out's lock."""
-    out = Path(request.out)
-    recorded = read_campaign_file(out / CAMPAIGN_FILE)
     random_seed = lambda: int.from_bytes(os.urandom(3), "little") + 1  # noqa: E731
-    plan = plan_campaign(request, recorded, scan_out(out, request.benchmark, request.scaling), random_seed)
+    plan = plan_out(request, random_seed)
     for index in plan.to_run:
         claims.enter_context(
             folder_lock(plan.run_lock_dir(index), f"mlhpc run --index {index}", "wait for that run to end")
@@ -153,7 +151,7 @@ def plan_and_record(request: CampaignRequest, claims: ExitStack) -> CampaignPlan
         # A killed run's half-written log; ours to delete while we hold the index's lock.
         for leftover in plan.results_dir.glob(f".result_{index}.txt.*.tmp"):
             leftover.unlink(missing_ok=True)
-    atomic_write_json(out / CAMPAIGN_FILE, plan.record.to_json())
+    record_plan(plan)
     s = plan.settings
     fields = {"submitter": s.submitter, "division": s.division, "status": s.status, "system_name": s.system}
     merge_system_json(system_json_path(plan.org_dir, plan.system), fields)
@@ -168,6 +166,7 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     group = ctx.split(opts.instances) if weak else ctx
     resolved.cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
+    resolved.check_model(opts.config)  # before the campaign file records these sizes
     request = campaign_request(opts, resolved, "weak" if weak else "strong", stable_system_name(ctx))
     what = f"mlhpc run {resolved.info.name}{' --resume' if opts.resume else ''}"
     with ExitStack() as claims:

@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlhpc.campaign import CAMPAIGN_FILE, SETTING_FLAGS, CampaignPlan, CampaignRequest, plan_campaign
-from mlhpc.campaign_io import given_settings, read_campaign_file, resolve_config, scan_out
+from mlhpc.campaign import SETTING_FLAGS, CampaignPlan, CampaignRequest, check_numbers
+from mlhpc.campaign_io import given_settings, plan_out, record_plan, resolve_config
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.locks import folder_lock
@@ -130,8 +130,7 @@ def campaign_request(args: argparse.Namespace) -> CampaignRequest:
         raise ConfigError("--slurm submits the seeds of a strong-scaling campaign; drop --instances")
     if getattr(args, "index", None) is not None:
         raise ConfigError("--slurm submits a job per index itself; drop --index")
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds {args.seeds} must be at least 1")
+    check_numbers(seeds=args.seeds, first_seed=args.first_seed, index=None)
     bad = [o for o in args.overrides if any(c.isspace() for c in o)]
     if bad:
         raise ConfigError(f"override {bad[0]!r} holds whitespace, which run_and_time.sh splits on; remove it")
@@ -154,9 +153,7 @@ def campaign_request(args: argparse.Namespace) -> CampaignRequest:
 
 def plan(request: CampaignRequest) -> CampaignPlan:
     """`campaign.plan_campaign` on what --out holds now."""
-    recorded = read_campaign_file(request.out / CAMPAIGN_FILE)
-    scan = scan_out(request.out, request.benchmark, request.scaling)
-    return plan_campaign(request, recorded, scan, lambda: secrets.randbelow(1 << 24) + 1)
+    return plan_out(request, lambda: secrets.randbelow(1 << 24) + 1)
 
 
 def slurm_campaign(args: argparse.Namespace, p: CampaignPlan, request: CampaignRequest) -> SlurmCampaign:
@@ -204,10 +201,62 @@ def find_run_and_time() -> Path:
     raise ConfigError("cannot find run_and_time.sh; put the repository's copy on PATH and submit again")
 
 
+# sbatch options that ask for GPUs (or a share of them); --gres and --tres-per-task may name GPUs
+# among other resources, so only their GPU entries go.
+_GPU_OPTIONS = frozenset(
+    {
+        "-G",
+        "--gpus",
+        "--gpus-per-node",
+        "--gpus-per-socket",
+        "--gpus-per-task",
+        "--cpus-per-gpu",
+        "--mem-per-gpu",
+        "--ntasks-per-gpu",
+        "--gpu-bind",
+        "--gpu-freq",
+    }
+)
+_RESOURCE_LISTS = frozenset({"--gres", "--tres-per-task"})
+
+
+def _option(arg: str) -> tuple[str, str, str]:
+    """(name, separator, value) of one sbatch option as written: --a=b, --a b, -Gb or -G b."""
+    if not arg.startswith("--"):
+        return arg[:2], "", arg[2:]
+    for sep in ("=", " ", "\t"):
+        name, found, value = arg.partition(sep)
+        if found:
+            return name, found, value
+    return arg, "", ""
+
+
+def _is_gpu(resource: str) -> bool:
+    kind = resource.strip().removeprefix("gres/").removeprefix("gres:")
+    return kind == "gpu" or kind.startswith(("gpu:", "gpu/", "gpu="))
+
+
+def without_gpus(sbatch_args: tuple[str, ...]) -> list[str]:
+    """`sbatch_args` less every GPU request: the generate and check jobs run on a CPU, and a GPU
+    asked for them would hold one idle (or wait for one) while the seeds need them."""
+    kept = []
+    for arg in sbatch_args:
+        name, sep, value = _option(arg)
+        if name in _GPU_OPTIONS:
+            continue
+        if name in _RESOURCE_LISTS:
+            rest = [r for r in value.split(",") if r and not _is_gpu(r)]
+            if rest:
+                kept.append(f"{name}{sep}{','.join(rest)}")
+            continue
+        kept.append(arg)
+    return kept
+
+
 def directives(
     resources: SlurmResources, *, job_name: str, output: Path, single_task: bool = False
 ) -> list[str]:
-    """The #SBATCH lines of one job; the generate and check jobs take a single task."""
+    """The #SBATCH lines of one job; the generate and check jobs take a single task and no GPU."""
     lines = [f"#SBATCH --job-name={job_name}"]
     if single_task:
         lines += ["#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
@@ -220,7 +269,8 @@ def directives(
     if resources.partition:
         lines.append(f"#SBATCH --partition={resources.partition}")
     lines.append(f"#SBATCH --output={output}")
-    lines += [f"#SBATCH {arg}" for arg in resources.sbatch_args]
+    extra = without_gpus(resources.sbatch_args) if single_task else resources.sbatch_args
+    lines += [f"#SBATCH {arg}" for arg in extra]
     return lines
 
 
@@ -370,7 +420,7 @@ def run_slurm_campaign(args: argparse.Namespace) -> int:
     with folder_lock(request.out, f"mlhpc run {request.benchmark} --slurm", fix):
         planned = plan(request)
         campaign = slurm_campaign(args, planned, request)
-        atomic_write_json(request.out / CAMPAIGN_FILE, planned.record.to_json())
+        record_plan(planned)
         jobs = submit(campaign)
     for i, job in jobs.seeds.items():
         print(f"seed job {job}: seed {campaign.seeds[i]} -> result_{i}.txt")

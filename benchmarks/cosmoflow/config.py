@@ -55,6 +55,16 @@ class ModelConfig:
     dropout: float = 0.0
     """Dropout after each hidden dense layer (0.0 or 0.5 by RCP reference)."""
 
+    def __post_init__(self) -> None:
+        # Checked here, before a campaign records the config: a model of these sizes must build.
+        check_at_least("model.conv_layers", self.conv_layers, 0)
+        check_at_least("model.base_filters", self.base_filters, 1)
+        check_at_least("model.kernel_size", self.kernel_size, 1)
+        for units in self.dense_units:
+            check_at_least("model.dense_units", units, 1, "give every hidden layer 1 unit or more")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.dropout={self.dropout} must be at least 0 and below 1; set model.dropout=0.0")
+
 
 @dataclass(kw_only=True, frozen=True)
 class OptimizerConfig:

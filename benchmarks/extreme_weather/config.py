@@ -77,6 +77,16 @@ class ModelConfig:
     box_score_thresh: float = 0.05
 
     def __post_init__(self) -> None:
+        counts = ("rpn_pre_nms_top_n_train", "rpn_pre_nms_top_n_test", "rpn_post_nms_top_n_train")
+        counts += ("rpn_post_nms_top_n_test", "rpn_batch_size_per_image", "box_batch_size_per_image")
+        for name in (*counts, "representation_size", "box_detections_per_img"):
+            check_at_least(f"model.{name}", getattr(self, name), 1)
+        for size in self.anchor_sizes:
+            check_at_least("model.anchor_sizes", size, 1, "give every level an anchor of 1 pixel or more")
+        for ratio in self.aspect_ratios:
+            check_positive("model.aspect_ratios", ratio, "give every ratio above 0")
+        if not 0 <= self.box_score_thresh <= 1:
+            raise ValueError(f"model.box_score_thresh={self.box_score_thresh} must be from 0 to 1")
         if not self.returned_layers or not set(self.returned_layers) <= {1, 2, 3, 4}:
             raise ValueError(
                 f"model.returned_layers={list(self.returned_layers)} must be a subset of [1, 2, 3, 4]"

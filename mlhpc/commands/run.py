@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlhpc.commands import ALLOW_SIZE_HELP, RULESETS, add_command, size_argument
-from mlhpc.common.errors import ConfigError
 
 if TYPE_CHECKING:
     from mlhpc.generation import SizeCheck
@@ -126,14 +125,13 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from mlhpc.campaign import check_numbers
     from mlhpc.common.writable import check_writable_dir, local_dir_name
     from mlhpc.staging.localdir import resolve_local_dir
 
-    for name in ("seeds", "instances"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name} {getattr(args, name)} must be at least 1; pass --{name} 1 or more")
-    if args.index is not None and args.index < 0:
-        raise ConfigError(f"--index {args.index} must be 0 or more")
+    # At parse time, before anything is locked, launched or recorded (the planner checks again).
+    check_numbers(seeds=args.seeds, first_seed=args.first_seed, index=args.index)
+    check_numbers(seeds=args.instances, first_seed=args.first_seed, index=None, flag="--instances")
     refuse_surprise_size(args)  # before --out is locked or written: a refusal leaves nothing behind
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.slurm_campaign import run_slurm_campaign
