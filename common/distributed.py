@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.launch import LaunchInfo, NodeLayout, detect_launch, node_layout, uniform_layout
+from mlhpc.common.threads import ThreadChoice, configure_threads
 
 Backend = Literal["auto", "gloo", "nccl", "horovod"]
 
@@ -41,6 +42,8 @@ class DistContext:
     """Which model instance this rank trains in a weak-scaling job (None: one model)."""
     layout: NodeLayout | None = None
     """Which ranks share a node, from their host names (None: not gathered; see `node_layout`)."""
+    threads: ThreadChoice | None = None
+    """The CPU threads this rank's torch runs with, and why (common/threads)."""
     _hvd: Any = field(default=None, repr=False)
 
     @property
@@ -223,6 +226,7 @@ def init_distributed(
         launcher=launch.launcher,
     )
     if launch.world_size == 1:
+        context.threads = configure_threads(ranks_on_node=1)
         return context
     if not dist.is_initialized():
         addr, port = _rendezvous(launch)
@@ -235,6 +239,7 @@ def init_distributed(
         )
     context.layout = gather_node_layout(launch.rank)
     context.node_group, context.num_nodes = _node_group(context.layout), context.layout.num_nodes
+    context.threads = configure_threads(ranks_on_node=context.layout.local_size)
     return context
 
 
@@ -300,5 +305,6 @@ def _init_horovod(device: str) -> DistContext:
         device=torch_device,
         backend="horovod",
         launcher="horovod",
+        threads=configure_threads(ranks_on_node=hvd.local_size()),
         _hvd=hvd,
     )

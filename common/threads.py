@@ -1,0 +1,154 @@
+"""How many CPU threads a rank's torch uses, chosen from the CPUs it may really use, and how its
+OpenMP threads wait.
+
+torch's default, one thread per core of the machine, each spinning for ~300,000 iterations at
+every barrier, collapses wherever the cores are shared: a login node, a workstation, ranks or
+tests beside each other. With both cores of a 2-core machine busy, one CosmoFlow mini seed took
+145-181 s instead of 12-14 s (perf/RESULTS.md, "Threads"). So:
+
+- the thread count comes from the CPUs this process may run on (its affinity mask and its
+  cgroup's CPU quota), shared among the ranks on the node unless the launcher already bound each
+  rank to its own CPUs; an explicit `OMP_NUM_THREADS` always wins, and `MLHPC_THREADS=N` sets it
+  for mlhpc alone (`MLHPC_THREADS=torch` keeps torch's own default, for comparisons);
+- OpenMP threads spin briefly, then sleep (`GOMP_SPINCOUNT` for GNU OpenMP, which torch's wheels
+  use; `KMP_BLOCKTIME` for Intel and LLVM OpenMP). The runtime reads these once, when torch is
+  first imported, so `wait_briefly()` runs from `mlhpc/__init__.py`; a value the user set wins.
+
+Torch-free except `apply`, which imports torch when it is called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+SHORT_SPIN = {"GOMP_SPINCOUNT": "3000", "KMP_BLOCKTIME": "0"}
+"""Spin ~3,000 iterations (microseconds) before sleeping: as fast as torch's default on an idle
+machine, and 20x faster than it when another process holds the cores (perf/threads.py)."""
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """The CPUs one process may use, and what limits them."""
+
+    cpus: int
+    """Whole CPUs this process may run on (at least 1)."""
+    bound: bool
+    """True when the affinity mask is smaller than the machine: a launcher pinned this rank."""
+    why: str
+    """Where the number comes from, for the record, e.g. "affinity 64 of 64, cgroup quota 8"."""
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The threads one rank runs torch with, and why."""
+
+    intra_op: int
+    inter_op: int
+    source: str
+    """One line for the run's record: what decided `intra_op`."""
+
+    def as_record(self) -> dict[str, object]:
+        return {"intra_op": self.intra_op, "inter_op": self.inter_op, "source": self.source}
+
+
+def wait_briefly(environ: MutableMapping[str, str] | None = None) -> None:
+    """Have OpenMP threads sleep soon after a parallel region (before torch is imported)."""
+    environ = os.environ if environ is None else environ
+    for name, value in SHORT_SPIN.items():
+        environ.setdefault(name, value)
+
+
+def cgroup_cpu_quota(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> float | None:
+    """The CPUs this process's cgroup may use per period (`cpu.max`, or v1's CFS quota), the
+    tightest along its path; None when no quota is set or none can be read."""
+    quotas: list[float] = []
+    try:
+        lines = proc_cgroup.read_text(encoding="utf-8", errors="replace").splitlines()[:64]
+    except OSError:
+        lines = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":  # cgroup v2: cpu.max in each folder up the path
+            folder = root / path.strip("/")
+            while True:
+                quotas.extend(_v2_quota(folder / "cpu.max"))
+                if folder == root or root not in folder.parents:
+                    break
+                folder = folder.parent
+        elif "cpu" in controllers.split(","):
+            base = root / "cpu" / path.strip("/")
+            for folder in (base, root / "cpu"):
+                quotas.extend(_v1_quota(folder))
+    return min(quotas) if quotas else None
+
+
+def _v2_quota(path: Path) -> list[float]:
+    try:
+        quota, period = path.read_text(encoding="ascii").split()[:2]
+        return [] if quota == "max" else [int(quota) / int(period)]
+    except (OSError, ValueError, ZeroDivisionError):
+        return []
+
+
+def _v1_quota(folder: Path) -> list[float]:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text(encoding="ascii"))
+        period = int((folder / "cpu.cfs_period_us").read_text(encoding="ascii"))
+        return [quota / period] if quota > 0 and period > 0 else []
+    except (OSError, ValueError):
+        return []
+
+
+def cpu_budget() -> CpuBudget:
+    """This process's CPUs: its affinity mask, cut by its cgroup's quota."""
+    machine = os.cpu_count() or 1
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        affinity = machine
+    quota = cgroup_cpu_quota()
+    cpus = affinity if quota is None else max(1, min(affinity, int(quota)))
+    why = f"affinity {affinity} of {machine} CPUs" + ("" if quota is None else f", cgroup quota {quota:g}")
+    return CpuBudget(cpus=max(1, cpus), bound=affinity < machine, why=why)
+
+
+def choose_threads(budget: CpuBudget, ranks_on_node: int, environ: Mapping[str, str]) -> ThreadChoice:
+    """The threads for one rank (pure). OMP_NUM_THREADS wins, then MLHPC_THREADS; otherwise the
+    budget's CPUs, shared by the node's ranks unless the launcher bound each rank already."""
+    for name in ("OMP_NUM_THREADS", "MLHPC_THREADS"):
+        value = environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return ThreadChoice(int(value), 1, f"{name}={value}")
+    if environ.get("MLHPC_THREADS", "").strip() == "torch":
+        return ThreadChoice(0, 0, "MLHPC_THREADS=torch: torch's defaults")
+    ranks = max(1, ranks_on_node)
+    if budget.bound or ranks == 1:
+        intra, shared = budget.cpus, ""
+    else:
+        intra, shared = max(1, budget.cpus // ranks), f", shared by {ranks} ranks on the node"
+    return ThreadChoice(intra, 1, f"{budget.why}{shared}")
+
+
+def apply(choice: ThreadChoice) -> ThreadChoice:
+    """Set torch's thread pools (0 keeps torch's default); the choice as really applied."""
+    import torch
+
+    if choice.intra_op > 0:
+        torch.set_num_threads(choice.intra_op)
+    if choice.inter_op > 0:
+        # Set once per process, before any inter-op work: a second call keeps the first.
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_interop_threads(choice.inter_op)
+    return ThreadChoice(torch.get_num_threads(), torch.get_num_interop_threads(), choice.source)
+
+
+def configure_threads(ranks_on_node: int, environ: Mapping[str, str] | None = None) -> ThreadChoice:
+    """Choose and apply this rank's threads."""
+    return apply(choose_threads(cpu_budget(), ranks_on_node, os.environ if environ is None else environ))
