@@ -57,7 +57,8 @@ class LogAnalysis:
 
     path: str
     compliant: bool
-    """The official engine passed it and every `:::MLLOG` line decoded (the summarizer's test)."""
+    """The official engine passed it and every `:::MLLOG` line decoded (the summarizer's test), with
+    no impossible time in it."""
     messages: tuple[ComplianceMessage, ...]
     """The engine's messages, shortened; a crash of the engine is one of them."""
     log: RunLog | None
@@ -276,7 +277,7 @@ def analyse_log(path: str, ruleset: str) -> LogAnalysis:
             path, False, (), log, ("log-parse", message, "keep :::MLLOG lines short (one event each)")
         )
     valid, messages = run_engine(path, ruleset, log)
-    compliant = valid and not log.parse_errors
+    compliant = valid and not log.parse_errors and not log.impossible
     return LogAnalysis(path, compliant, tuple(messages), log)
 
 

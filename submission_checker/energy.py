@@ -18,7 +18,7 @@ from typing import Any
 
 from mlhpc.common import safe_read
 
-from .findings import RULE_ENERGY, Finding, warning
+from .findings import RULE_ENERGY, RULE_IMPOSSIBLE, Finding, error, warning
 from .logparse import TOKEN, decode_mllog
 from .scoring import MAX_DROPPED_RUNS, RunTiming
 
@@ -31,8 +31,20 @@ J_PER_KWH = 3.6e6
 FIX = "write power/result_<i>/node_<n>.txt as the MLPerf power logging does (mllog power keys)"
 
 
+# A node drawing a megawatt, or a conversion efficiency above 1, is a damaged or forged log.
+MAX_WATTS = 1e6
+MAX_POWER_TIME_MS = 1e13
+"""As the result logs' time_ms: milliseconds since 1970, before the year 2286."""
+
+
 class EnergyError(ValueError):
     """A power log the summarizer's arithmetic cannot score; the message says why."""
+
+    def __init__(self, message: str, line: int | None = None, *, impossible: bool = False) -> None:
+        super().__init__(message)
+        self.line = line
+        self.impossible = impossible
+        """A value no measurement gives: an error finding, not only a missing energy."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +75,39 @@ def read_power_log(path: Path) -> list[PowerRecord]:
 
 def _number(record: PowerRecord) -> float:
     value = record.value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise EnergyError(f"line {record.line}: {record.key} value {value!r} is not a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EnergyError(f"{record.key} value {value!r} is not a number", record.line)
+    if not math.isfinite(value):
+        raise EnergyError(
+            f"{record.key} value {value!r} is not a finite number", record.line, impossible=True
+        )
     return float(value)
+
+
+def _impossible(record: PowerRecord, message: str) -> EnergyError:
+    return EnergyError(message, record.line, impossible=True)
+
+
+def check_possible(records: Sequence[PowerRecord]) -> None:
+    """EnergyError (impossible=True) naming the first line no measurement gives: a time that is not
+    finite, negative or past 2286, negative or megawatt power, an efficiency outside (0, 1], a
+    stop before its start."""
+    start: PowerRecord | None = None
+    for r in records:
+        if not math.isfinite(r.time_ms) or not 0 <= r.time_ms <= MAX_POWER_TIME_MS:
+            raise _impossible(r, f"{r.key} at time_ms={r.time_ms!r}, which no clock gives")
+        if r.key in ("power_reading", "interconnect_power_est"):
+            watts = _number(r)
+            if not 0 <= watts <= MAX_WATTS:
+                raise _impossible(r, f"{r.key} of {watts!r} W is {'negative' if watts < 0 else 'absurd'}")
+        if r.key == "conversion_eff" and not 0 < _number(r) <= 1:
+            raise _impossible(r, f"conversion_eff={r.value!r} is not an efficiency in (0, 1]")
+        if r.key == "power_measurement_start" and start is None:
+            start = r
+        if r.key == "power_measurement_stop" and start is not None and r.time_ms < start.time_ms:
+            raise _impossible(
+                r, f"power_measurement_stop is before power_measurement_start (line {start.line})"
+            )
 
 
 def node_energy_j(records: Sequence[PowerRecord], time_to_train_ms: float) -> float:
@@ -115,6 +157,20 @@ def _sample_findings(path: Path, records: Sequence[PowerRecord]) -> list[Finding
     return [warning(path, RULE_ENERGY, message, fix="sample power at least once a second")]
 
 
+def _possible_energy(joules: float, kind: str) -> float:
+    """`joules` when a run can have used it: finite, and more than nothing for a node."""
+    if not math.isfinite(joules) or joules < 0 or (kind == "node" and joules == 0):
+        raise EnergyError(f"the readings add up to {joules!r} J, which no run uses", impossible=True)
+    return joules
+
+
+def _energy_finding(path: Path, e: EnergyError) -> Finding:
+    if e.impossible:
+        fix = "rerun with working power meters, or restore the log as the meter wrote it"
+        return error(path, RULE_IMPOSSIBLE, f"{e}; the run's energy is not scored", e.line, fix=fix)
+    return warning(path, RULE_ENERGY, f"no energy: {e}", e.line, fix=FIX)
+
+
 def run_energy_j(
     entry_path: Path, result_file: str, time_to_train_ms: float
 ) -> tuple[float | None, list[Finding]]:
@@ -137,10 +193,13 @@ def run_energy_j(
     for path, kind in [*((p, "node") for p in nodes), *((p, "sw") for p in switches)]:
         try:
             records = read_power_log(path)
+            check_possible(records)
             energy = node_energy_j if kind == "node" else sw_energy_j
-            total += energy(records, time_to_train_ms)
-        except (EnergyError, OSError) as e:
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            total += _possible_energy(energy(records, time_to_train_ms), kind)
+        except EnergyError as e:
+            return None, [*findings, _energy_finding(path, e)]
+        except OSError as e:
+            reason = e.strerror or str(e)
             return None, [*findings, warning(path, RULE_ENERGY, f"no energy: {reason}", fix=FIX)]
         if kind == "node":
             findings += _sample_findings(path, records)

@@ -34,6 +34,9 @@ RULE_SEED_PRUNED = "seed-pruned"
 RULE_SCALE_CLAIM = "scale-claim"
 RULE_LOG_SYSTEM = "log-vs-system"
 RULE_ENERGY = "energy"
+RULE_IMPOSSIBLE = "impossible-value"
+"""A number no measurement gives (negative or non-finite power, energy or time, a stop before its
+start, an absurd magnitude): an error, and never part of a score."""
 
 
 @dataclass(frozen=True)

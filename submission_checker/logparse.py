@@ -27,6 +27,9 @@ MAX_EVAL_POINTS = 5_000
 MAX_MLLOG_LINE_CHARS = 16 * 1024
 # How far `sniff_log` reads looking for run_start (real logs have it within the first 100 lines).
 SNIFF_BYTES = 256 * 1024
+# time_ms is milliseconds since 1970: a negative one, or one past this (the year 2286), is no
+# clock's reading but a damaged or forged line.
+MAX_TIME_MS = 1e13
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class RunLog:
     """First staging_stop minus the staging_start before it; None when the log has no such pair."""
     throughputs: tuple[float, ...] = ()
     """`tracked_stats` throughput values (samples/s of the run) up to run_stop, in log order."""
+    impossible: tuple[tuple[int, str], ...] = ()
+    """(line, what) for each line whose time_ms no clock gives (not finite, negative, absurd);
+    such a line counts for nothing (not as run_start, run_stop or anything else)."""
 
     @property
     def has_start_stop(self) -> bool:
@@ -128,6 +134,17 @@ def _validate(record: Any) -> dict[str, Any]:
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"time_ms={record['time_ms']!r} is not a number") from e
     return {**record, "time_ms": time_ms}
+
+
+def impossible_time(time_ms: float) -> str | None:
+    """Why `time_ms` cannot be a logged time (milliseconds since 1970), or None when it can."""
+    if not math.isfinite(time_ms):
+        return f"time_ms={time_ms!r} is not a finite number"
+    if time_ms < 0:
+        return f"time_ms={time_ms!r} is negative (before 1970)"
+    if time_ms > MAX_TIME_MS:
+        return f"time_ms={time_ms:.4g} is after the year 2286"
+    return None
 
 
 def decode_mllog(text: str) -> dict[str, Any]:
@@ -224,6 +241,7 @@ def parse_log(path: Path | str) -> RunLog:
     errors: list[tuple[int, str]] = []
     binary = False
     long_line: tuple[int, int] | None = None
+    impossible: list[tuple[int, str]] = []
     state = _Collector()
     rcp = RcpReader()
     with safe_read.open_text(path) as handle:
@@ -241,9 +259,16 @@ def parse_log(path: Path | str) -> RunLog:
             raw: Any = None
             try:
                 raw = _load(part)
-                state.add(_validate(raw), number)
+                record = _validate(raw)
             except ValueError as e:
                 errors.append((number, str(e)))
+                rcp.feed(part, number, raw)
+                continue
+            why = impossible_time(record["time_ms"])
+            if why is not None:
+                impossible.append((number, why))
+                continue  # neither the timing nor the RCP reading may take it
+            state.add(record, number)
             rcp.feed(part, number, raw)
     start, stop, first = state.start, state.stop, state.first
     return RunLog(
@@ -274,6 +299,7 @@ def parse_log(path: Path | str) -> RunLog:
         status=first.get("submission_status"),
         staging_ms=state.staging_ms,
         throughputs=tuple(state.throughputs),
+        impossible=tuple(impossible),
     )
 
 

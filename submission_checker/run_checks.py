@@ -12,6 +12,7 @@ from pathlib import Path
 from .compliance import LogAnalysis
 from .findings import (
     RULE_COMPLIANCE,
+    RULE_IMPOSSIBLE,
     RULE_INSTANCE_SCALE,
     RULE_LOG_PARSE,
     RULE_PRUNED,
@@ -28,7 +29,7 @@ from .findings import (
     warning,
 )
 from .logparse import RunLog
-from .scoring import MAX_DROPPED_RUNS, RunTiming
+from .scoring import MAX_DROPPED_RUNS, RunTiming, impossible_minutes, time_to_train_min
 
 # Enough bad lines to see the pattern; a thousand of them help nobody.
 MAX_PARSE_FINDINGS = 5
@@ -69,10 +70,18 @@ def _timing_findings(path: str, log: RunLog) -> list[Finding]:
         )
         message = f"no {missing}: the run has no time to train (truncated log?)"
         findings.append(warning(path, RULE_RUN_START_STOP, message, fix=FIX_LOG))
-    elif log.run_stop_ms < log.run_start_ms:
-        message = "run_stop is earlier than run_start: the time to train is negative"
-        fix = "log run_stop after training; check the clock of the logging rank"
-        findings.append(error(path, RULE_TIMESTAMPS, message, log.run_stop_line, fix=fix))
+    else:
+        why = impossible_minutes(time_to_train_min(log.run_start_ms, log.run_stop_ms))
+        if why is not None:
+            fix = "log run_stop after training; check the clock of the logging rank"
+            message = f"{why}; the run is not scored"
+            findings.append(error(path, RULE_TIMESTAMPS, message, log.run_stop_line, fix=fix))
+    for line, why in log.impossible[:MAX_PARSE_FINDINGS]:
+        message = f"{why}: no clock gives it; the line is ignored and the run is not scored"
+        findings.append(error(path, RULE_IMPOSSIBLE, message, line, fix=FIX_LOG))
+    if len(log.impossible) > MAX_PARSE_FINDINGS:
+        more = len(log.impossible) - MAX_PARSE_FINDINGS
+        findings.append(error(path, RULE_IMPOSSIBLE, f"{more} more line(s) with an impossible time_ms"))
     if log.run_stop_ms is not None and log.run_stop_status != "success":
         status = "no status" if log.run_stop_status is None else f"status {log.run_stop_status!r}"
         message = f"run_stop has {status}; the RCP checker counts the run as not converged"

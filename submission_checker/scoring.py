@@ -6,11 +6,27 @@ None of them changes its inputs or touches the file system. The RCP scaling fact
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Runs olympic scoring may drop for an HPC benchmark (the summarizer allows 4 for unet3d only).
 MAX_DROPPED_RUNS = 1
+MAX_TIME_TO_TRAIN_MIN = 366 * 24 * 60.0
+"""A run longer than a year is a damaged or forged log, not a time to train."""
+
+
+def impossible_minutes(minutes: float) -> str | None:
+    """Why `minutes` cannot be a time to train (not finite, not positive, over a year), or None."""
+    if not math.isfinite(minutes):
+        return f"the time to train is {minutes!r}"
+    if minutes < 0:
+        return "run_stop is earlier than run_start: the time to train is negative"
+    if minutes == 0:
+        return "run_stop is at run_start: the time to train is zero"
+    if minutes > MAX_TIME_TO_TRAIN_MIN:
+        return f"the time to train is {minutes / 60 / 24:.4g} days, more than a year"
+    return None
 
 
 @dataclass(frozen=True)
@@ -31,8 +47,9 @@ class RunTiming:
 
     @property
     def counts(self) -> bool:
-        """Scored: compliant and timed. Any other run is a dropped run."""
-        return self.compliant and self.minutes is not None
+        """Scored: compliant and timed with a possible time. Any other run is a dropped run."""
+        minutes = self.minutes
+        return self.compliant and minutes is not None and impossible_minutes(minutes) is None
 
 
 @dataclass(frozen=True)
