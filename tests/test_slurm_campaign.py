@@ -122,6 +122,40 @@ def test_check_script_checks_the_submitters_folder(tmp_path: Path) -> None:
     assert f"--json {c.out}/slurm/check-" in command
 
 
+GPU_REQUESTS = (
+    "--gpus-per-node=4",
+    "--gpus=8",
+    "-G 2",
+    "-G2",
+    "--gpus-per-task=1",
+    "--cpus-per-gpu=8",
+    "--mem-per-gpu=40G",
+    "--gpu-bind=closest",
+    "--gres=gpu:4",
+    "--gres=gpu:a100:2",
+    "--gres gpu",
+    "--tres-per-task=gres/gpu:1",
+)
+
+
+def test_the_check_and_generate_jobs_ask_for_no_gpu(tmp_path: Path) -> None:
+    """Issue 30: check.sbatch inherited --gpus-per-node from --sbatch-arg (an idle GPU held, or a
+    wait for one). The seed jobs keep every option; the CPU jobs keep all but the GPU requests."""
+    kept = ("--account=abc", "--qos=high", "--gres=nvme:1", "--constraint=gpu_node")
+    c = campaign(
+        tmp_path, resources=SlurmResources(sbatch_args=(*GPU_REQUESTS, *kept, "--gres=gpu:4,nvme:2"))
+    )
+    for name, text in scripts(c).items():
+        found = sbatch_directives(text)
+        if name.startswith("seed_"):
+            assert all(arg in found for arg in GPU_REQUESTS)
+            continue
+        assert all(arg in found for arg in kept), (name, found)
+        assert "--gres=nvme:2" in found, found  # the GPU entry of a list goes, the rest stays
+        gpu = [arg for arg in found if "gpu" in arg.lower() and arg != "--constraint=gpu_node"]
+        assert not gpu, (name, gpu)
+
+
 def test_scripts_come_in_submission_order(tmp_path: Path) -> None:
     assert list(scripts(campaign(tmp_path))) == [
         "generate.sbatch",
