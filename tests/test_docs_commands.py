@@ -20,6 +20,14 @@ from mlhpc.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+GUIDES = [
+    *DOCS,
+    *sorted((ROOT / "benchmarks").glob("*/README.md")),
+    *sorted((ROOT / "scripts").rglob("*.md")),
+]
+"""Pages whose commands a user copies (perf/RESULTS.md records commands as they were run)."""
+PAGES = [*GUIDES, *sorted((ROOT / "perf").glob("*.md"))]
+"""Every page a user reads: their links, anchors and named pages must lead somewhere."""
 
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "shell-session"}
 """Fenced blocks read as shell; ```text, ```yaml, ```python and the like are not commands."""
@@ -167,7 +175,7 @@ def test_the_docs_show_commands() -> None:
     assert any(t.startswith("srun") for t in launched) and any(t.startswith("torchrun") for t in launched)
 
 
-@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+@pytest.mark.parametrize("path", GUIDES, ids=[str(p.relative_to(ROOT)) for p in GUIDES])
 def test_every_mlhpc_command_in_the_docs_parses(path: Path) -> None:
     problems = [f"{c.where()}\n    -> {why}" for c in commands_in(path) if (why := parse_problem(c.argv))]
     assert not problems, "commands in the docs that `mlhpc` would refuse:\n" + "\n".join(problems)
@@ -220,15 +228,91 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
     assert install_and_run.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
 
 
-def test_every_relative_link_in_the_docs_leads_somewhere() -> None:
-    """Links and images to files of the repository (a moved page or a missing picture fails here)."""
-    missing = []
-    for path in DOCS:
-        text = path.read_text(encoding="utf-8")
-        for number, line in enumerate(text.splitlines(), start=1):
-            for target in re.findall(r"\]\(([^)\s]+)\)", line):
-                if re.match(r"[a-z]+:", target) or target.startswith("#"):
-                    continue
-                if not (path.parent / target.split("#", 1)[0]).exists():
-                    missing.append(f"{path.relative_to(ROOT)}:{number}: {target}")
-    assert not missing, "links to files that do not exist:\n" + "\n".join(missing)
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """(number, line) of the page outside fenced blocks: a code sample's `](x)` is not a link."""
+    inside_at = {
+        n for start, _, lines in shell_blocks(text) for n in range(start - 1, start + len(lines) + 1)
+    }
+    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if n not in inside_at]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as
+    hyphens, a repeated heading numbered -1, -2, ..."""
+    anchors: set[str] = set()
+    for _, line in prose_lines(text):
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not heading:
+            continue
+        words = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))  # a link's text only
+        slug = re.sub(r"[^\w\- ]", "", words.lower()).replace(" ", "-")
+        unique, n = slug, 0
+        while unique in anchors:
+            n += 1
+            unique = f"{slug}-{n}"
+        anchors.add(unique)
+    return anchors
+
+
+def anchors_of(page: Path) -> set[str]:
+    return heading_anchors(page.read_text(encoding="utf-8"))
+
+
+def link_problems(path: Path, root: Path = ROOT) -> list[str]:
+    """Relative links and images of one page whose file, or whose #anchor in it, does not exist;
+    each named by the page's path under `root`."""
+    problems = []
+    text = path.read_text(encoding="utf-8")
+    for number, line in prose_lines(text):
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file_part, _, anchor = target.partition("#")
+            linked = (path.parent / file_part).resolve() if file_part else path
+            where = f"{path.relative_to(root)}:{number}: {target}"
+            if not linked.exists():
+                problems.append(f"{where} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors_of(linked):
+                problems.append(f"{where} (no heading #{anchor} in {linked.name})")
+    return problems
+
+
+@pytest.mark.parametrize("path", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_relative_link_in_the_docs_leads_somewhere(path: Path) -> None:
+    """Links and images to files of the repository, and the headings they point at (a moved page,
+    a renamed section or a missing picture fails here)."""
+    problems = link_problems(path)
+    assert not problems, "links that lead nowhere:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_page_named_in_code_exists(path: Path) -> None:
+    """A page named as `docs/X.md` rather than linked (scripts/slurm/README.md once named a
+    docs/LAUNCHING.md that never existed)."""
+    named = re.compile(r"`((?:docs|benchmarks|scripts|perf)/[\w./-]*\.md)(?:#[\w-]*)?`")
+    text = path.read_text(encoding="utf-8")
+    missing = [
+        f"{path.relative_to(ROOT)}:{number}: {page}"
+        for number, line in prose_lines(text)
+        for page in named.findall(line)
+        if not (ROOT / page).exists()
+    ]
+    assert not missing, "pages named that do not exist:\n" + "\n".join(missing)
+
+
+def test_a_broken_link_or_anchor_is_reported(tmp_path: Path) -> None:
+    """The link check itself finds a missing file, a missing heading and a repeated heading's
+    numbered anchor, and ignores links inside code blocks."""
+    (tmp_path / "OTHER.md").write_text("# Other\n\n## Runs, resume and `--index`\n\n## Runs\n\n## Runs\n")
+    page = tmp_path / "PAGE.md"
+    page.write_text(
+        "[a](OTHER.md#runs-resume-and---index) [b](OTHER.md#runs-1) [c](OTHER.md#gone)\n"
+        "[d](MISSING.md) [e](#page) [f](https://example.org/x)\n\n# Page\n\n"
+        "```bash\necho '[g](NOT_A_LINK.md)'\n```\n",
+        encoding="utf-8",
+    )
+    problems = link_problems(page, tmp_path)
+    assert problems == [
+        "PAGE.md:1: OTHER.md#gone (no heading #gone in OTHER.md)",
+        "PAGE.md:2: MISSING.md (no such file)",
+    ], problems
