@@ -7,7 +7,8 @@ tests beside each other. With both cores of a 2-core machine busy, one CosmoFlow
 145-181 s instead of 12-14 s (perf/RESULTS.md, "Threads"). So:
 
 - the thread count comes from the CPUs this process may run on (its affinity mask and its
-  cgroup's CPU quota), shared among the ranks on the node unless the launcher already bound each
+  cgroup's CPU quota) less those that other work keeps busy (a 0.3 s look at /proc/stat when
+  the rank starts), shared among the ranks on the node unless the launcher already bound each
   rank to its own CPUs; an explicit `OMP_NUM_THREADS` always wins, and `MLHPC_THREADS=N` sets it
   for mlhpc alone (`MLHPC_THREADS=torch` keeps torch's own default, for comparisons);
 - OpenMP threads spin briefly, then sleep (`GOMP_SPINCOUNT` for GNU OpenMP, which torch's wheels
@@ -20,7 +21,9 @@ Torch-free except `apply`, which imports torch when it is called.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +33,7 @@ SHORT_SPIN = {"GOMP_SPINCOUNT": "3000", "KMP_BLOCKTIME": "0"}
 machine, and 20x faster than it when another process holds the cores (perf/threads.py)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CpuBudget:
     """The CPUs one process may use, and what limits them."""
 
@@ -38,6 +41,8 @@ class CpuBudget:
     """Whole CPUs this process may run on (at least 1)."""
     bound: bool
     """True when the affinity mask is smaller than the machine: a launcher pinned this rank."""
+    idle: float | None = None
+    """Of those CPUs, how many sat idle over a short look before training (None: not measured)."""
     why: str
     """Where the number comes from, for the record, e.g. "affinity 64 of 64, cgroup quota 8"."""
 
@@ -106,17 +111,57 @@ def _v1_quota(folder: Path) -> list[float]:
         return []
 
 
-def cpu_budget() -> CpuBudget:
-    """This process's CPUs: its affinity mask, cut by its cgroup's quota."""
+def _cpu_times(stat: Path, cpus: set[int]) -> tuple[int, int] | None:
+    """Idle and total jiffies of `cpus`, summed, from /proc/stat; None when unreadable."""
+    idle = total = 0
+    try:
+        lines = stat.read_text(encoding="ascii", errors="replace").splitlines()
+        for line in lines:
+            name, *fields = line.split()
+            if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
+                continue
+            ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+            idle += ticks[3] + ticks[4]
+            total += sum(ticks)
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle, total) if total > 0 else None
+
+
+def idle_cpus(cpus: set[int], look_s: float = 0.3, stat: Path = Path("/proc/stat")) -> float | None:
+    """How many of `cpus` sat idle over `look_s` seconds (other users' jobs, other ranks, tests
+    beside us); None where /proc/stat cannot tell."""
+    before = _cpu_times(stat, cpus)
+    time.sleep(look_s)
+    after = _cpu_times(stat, cpus)
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
+
+
+def cpu_budget(look_s: float = 0.3) -> CpuBudget:
+    """This process's CPUs: its affinity mask, cut by its cgroup's quota, and how many of them
+    are idle now (a look of `look_s` seconds; 0: don't look)."""
     machine = os.cpu_count() or 1
     try:
-        affinity = len(os.sched_getaffinity(0))
+        mask = os.sched_getaffinity(0)
     except (AttributeError, OSError):  # not Linux
-        affinity = machine
+        mask = set(range(machine))
     quota = cgroup_cpu_quota()
-    cpus = affinity if quota is None else max(1, min(affinity, int(quota)))
-    why = f"affinity {affinity} of {machine} CPUs" + ("" if quota is None else f", cgroup quota {quota:g}")
-    return CpuBudget(cpus=max(1, cpus), bound=affinity < machine, why=why)
+    cpus = len(mask) if quota is None else max(1, min(len(mask), int(quota)))
+    idle = idle_cpus(mask, look_s) if look_s > 0 else None
+    why = f"affinity {len(mask)} of {machine} CPUs" + ("" if quota is None else f", cgroup quota {quota:g}")
+    if idle is not None:
+        why += f", {idle:.1f} idle"
+    return CpuBudget(cpus=max(1, cpus), bound=len(mask) < machine, idle=idle, why=why)
+
+
+def usable(budget: CpuBudget) -> int:
+    """The CPUs worth a thread: the budget, less those busy with other work. A thread on a
+    busy core stalls every barrier of the others (a 3x slower seed with a neighbour's job)."""
+    if budget.idle is None:
+        return budget.cpus
+    return max(1, min(budget.cpus, math.floor(budget.idle + 0.25)))
 
 
 def choose_threads(budget: CpuBudget, ranks_on_node: int, environ: Mapping[str, str]) -> ThreadChoice:
@@ -130,9 +175,9 @@ def choose_threads(budget: CpuBudget, ranks_on_node: int, environ: Mapping[str, 
         return ThreadChoice(0, 0, "MLHPC_THREADS=torch: torch's defaults")
     ranks = max(1, ranks_on_node)
     if budget.bound or ranks == 1:
-        intra, shared = budget.cpus, ""
+        intra, shared = usable(budget), ""
     else:
-        intra, shared = max(1, budget.cpus // ranks), f", shared by {ranks} ranks on the node"
+        intra, shared = max(1, usable(budget) // ranks), f", shared by {ranks} ranks on the node"
     return ThreadChoice(intra, 1, f"{budget.why}{shared}")
 
 

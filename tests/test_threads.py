@@ -12,7 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.common.threads import CpuBudget, cgroup_cpu_quota, choose_threads, cpu_budget, wait_briefly
+from mlhpc.common.threads import (
+    CpuBudget,
+    _cpu_times,
+    cgroup_cpu_quota,
+    choose_threads,
+    cpu_budget,
+    idle_cpus,
+    wait_briefly,
+)
 
 WHOLE_MACHINE = CpuBudget(cpus=64, bound=False, why="affinity 64 of 64 CPUs")
 
@@ -29,6 +37,35 @@ def test_a_rank_the_launcher_bound_keeps_its_own_cpus() -> None:
     assert choose_threads(pinned, 4, {}).intra_op == 16
 
 
+def test_cores_busy_with_other_work_get_no_thread() -> None:
+    def budget(idle: float, bound: bool = False) -> CpuBudget:
+        return CpuBudget(cpus=8, bound=bound, idle=idle, why="x")
+
+    assert choose_threads(budget(8.0), 1, {}).intra_op == 8
+    assert choose_threads(budget(5.9), 1, {}).intra_op == 6  # a little noise in the look
+    assert choose_threads(budget(5.6), 1, {}).intra_op == 5
+    assert choose_threads(budget(0.0), 1, {}).intra_op == 1  # everything busy: one thread, never 0
+    assert choose_threads(budget(6.0), 2, {}).intra_op == 3
+    assert choose_threads(budget(3.0, bound=True), 4, {}).intra_op == 3
+    assert choose_threads(budget(0.5), 1, {"OMP_NUM_THREADS": "8"}).intra_op == 8
+
+
+def test_idle_time_is_read_for_this_process_s_cpus_only(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  30 0 0 30 0 0 0 0 0 0\ncpu0 10 0 0 10 0 0 0 0 0 0\ncpu1 20 0 0 15 5 0 0 0 0 0\nintr 1 2\n"
+    )
+    assert _cpu_times(stat, {0}) == (10, 20)
+    assert _cpu_times(stat, {0, 1}) == (30, 60)
+    assert _cpu_times(stat, {7}) is None
+    stat.write_text("cpu0 x y\n")
+    assert _cpu_times(stat, {0}) is None
+    assert idle_cpus({0}, 0.01, tmp_path / "missing") is None
+    mask = os.sched_getaffinity(0)
+    idle = idle_cpus(mask, 0.05)
+    assert idle is None or 0 <= idle <= len(mask)
+
+
 def test_an_explicit_setting_wins() -> None:
     assert choose_threads(WHOLE_MACHINE, 4, {"OMP_NUM_THREADS": "3"}).intra_op == 3
     assert choose_threads(WHOLE_MACHINE, 4, {"MLHPC_THREADS": "5"}).source == "MLHPC_THREADS=5"
@@ -40,9 +77,13 @@ def test_an_explicit_setting_wins() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 4096), st.booleans(), st.integers(0, 1024))
-def test_always_at_least_one_thread_and_never_more_than_the_cpus(cpus: int, bound: bool, ranks: int) -> None:
+@given(st.integers(1, 4096), st.booleans(), st.integers(0, 1024), st.floats(0, 5000))
+def test_always_at_least_one_thread_and_never_more_than_the_cpus(
+    cpus: int, bound: bool, ranks: int, idle: float
+) -> None:
     choice = choose_threads(CpuBudget(cpus=cpus, bound=bound, why="x"), ranks, {})
+    assert 1 <= choice.intra_op <= cpus and choice.inter_op == 1
+    choice = choose_threads(CpuBudget(cpus=cpus, bound=bound, idle=idle, why="x"), ranks, {})
     assert 1 <= choice.intra_op <= cpus and choice.inter_op == 1
 
 
