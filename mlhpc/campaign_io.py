@@ -38,7 +38,7 @@ def read_campaign_file(path: Path) -> CampaignFile | None:
     data = _read_json(path)
     if data is None:
         return None
-    _check_format(data, path, required=True)
+    _check_format(data, path)
     try:
         values = _setting_values(data, path)
         for name, default in {**DEFAULTS, "division": "closed"}.items():
@@ -69,12 +69,13 @@ def _read_json(path: Path) -> Any:
         raise SubmissionError(f"{path}: cannot read it ({e.strerror or e}); fix it or move it away") from None
 
 
-def _check_format(data: dict[str, Any], path: Path, *, required: bool) -> None:
+def _check_format(data: dict[str, Any], path: Path) -> None:
     """A campaign file of a format this mlhpc does not know is refused, never read as its own:
-    rewriting it would drop what the newer format records."""
-    version = data.get("mlhpc_campaign")
-    if version is None and not required:
+    rewriting it would drop what the newer format records. One written by hand without a format
+    number reads as format 1 (the docs give its shape)."""
+    if "mlhpc_campaign" not in data:
         return
+    version = data["mlhpc_campaign"]
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise SubmissionError(
             f"{path} is not an mlhpc campaign file (mlhpc_campaign {str(version)[:20]!r}, not a format "
@@ -124,7 +125,7 @@ def given_settings(path: Path | None, flags: Mapping[str, str | None]) -> dict[s
     data = _read_json(path)
     if data is None:
         raise ConfigError(f"--campaign {path}: no such file; pass an existing campaign file")
-    _check_format(data, path, required=False)
+    _check_format(data, path)
     try:
         from_file = _setting_values(data, path)
     except (TypeError, KeyError, AttributeError, ValueError) as e:

@@ -240,10 +240,13 @@ def test_a_campaign_file_of_a_newer_format_is_refused_not_downgraded(tmp_path: P
             read(path)
         assert "written by a newer mlhpc (format 2" in str(refused.value)
         assert "use that version or a new --out" in str(refused.value)
-    for version in (None, "1", True, 0):  # not a format number: not mlhpc's file
+    for version in (None, "1", True, 0, 1.5):  # not a format number: not mlhpc's file
         path.write_text(json.dumps({**recorded().to_json(), "mlhpc_campaign": version}))
         with pytest.raises(SubmissionError, match="not an mlhpc campaign file"):
             read_campaign_file(path)
+    by_hand = {key: value for key, value in recorded().to_json().items() if key != "mlhpc_campaign"}
+    path.write_text(json.dumps(by_hand))
+    assert read_campaign_file(path) == recorded()  # no format number: format 1, as the docs show it
     path.write_bytes(before)
     proc = mlhpc_cli(["run", "cosmoflow", "--out", str(tmp_path), "--index", "0", "--dry-run"], tmp_path)
     assert proc.returncode == 2 and "format 2" in proc.stderr and path.read_bytes() == before
