@@ -7,6 +7,7 @@ that names the key and says how to fix it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -31,9 +32,38 @@ def load_config(config_cls: type[T], path: str | Path, overrides: Sequence[str] 
         raise ConfigError(f"config file {path} is not valid YAML: {e}".splitlines()[0]) from e
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(raw).__name__}")
-    for key, value in parse_overrides(overrides).items():
+    parsed = parse_overrides(overrides)
+    given = {item.partition("=")[0].strip(): item for item in overrides}
+    for key, value in parsed.items():
+        check_override_key(config_cls, key, given.get(key, key))
         _set_dotted(raw, key, value)
-    return from_dict(config_cls, raw, source=str(path))
+    return from_dict(config_cls, raw, source=str(path), overridden=given)
+
+
+def check_override_key(config_cls: type, dotted: str, item: str) -> None:
+    """A ConfigError blaming the command line's `item` (not the YAML file) when `dotted` names no
+    key of `config_cls`, with the close known keys."""
+    node: Any = config_cls
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(node) if f.init}
+        where = ".".join(parts[:depth])
+        if part not in fields:
+            known = sorted(fields)
+            wrong = ".".join(parts[: depth + 1])
+            close = [f"{where}.{c}" if where else c for c in difflib.get_close_matches(part, known, n=3)]
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ConfigError(
+                f"override {item!r} on the command line: no config key {wrong!r}; {hint}"
+                f"known{f' in {where}' if where else ' sections'}: {', '.join(known)}"
+            )
+        hint_type = typing.get_type_hints(node)[part]
+        if depth < len(parts) - 1 and not dataclasses.is_dataclass(hint_type):
+            raise ConfigError(
+                f"override {item!r} on the command line: {'.'.join(parts[: depth + 1])} is a value, "
+                f"not a section; write {'.'.join(parts[: depth + 1])}=VALUE"
+            )
+        node = hint_type
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -50,16 +80,28 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     return parsed
 
 
-def from_dict(config_cls: type[T], data: Mapping[str, Any], *, source: str = "config", prefix: str = "") -> T:
-    """Build a (possibly nested) dataclass from a mapping, checking keys and types."""
+def from_dict(
+    config_cls: type[T],
+    data: Mapping[str, Any],
+    *,
+    source: str = "config",
+    prefix: str = "",
+    overridden: Mapping[str, str] | None = None,
+) -> T:
+    """Build a (possibly nested) dataclass from a mapping, checking keys and types. `overridden`
+    (dotted key -> the `key=value` given): a bad value there is blamed on the command line."""
+    overridden = overridden or {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+        where = _source(source, prefix.rstrip("."), overridden)
+        raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a mapping")
     fields = {f.name: f for f in dataclasses.fields(config_cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        name = prefix + unknown[0]
+        name = prefix + str(unknown[0])
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
+        hint = f"did you mean {prefix}{close[0]}? " if close else ""
         raise ConfigError(
-            f"{source}: unknown config key {name!r}; known keys here: {', '.join(sorted(fields))}"
+            f"{source}: unknown config key {name!r}; {hint}known keys here: {', '.join(sorted(fields))}"
         )
     hints = typing.get_type_hints(config_cls)
     kwargs: dict[str, Any] = {}
@@ -69,11 +111,21 @@ def from_dict(config_cls: type[T], data: Mapping[str, Any], *, source: str = "co
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise ConfigError(f"{source}: required config key {dotted!r} is missing; add it")
             continue
-        kwargs[name] = _coerce(hints[name], data[name], dotted, source)
+        kwargs[name] = _coerce(hints[name], data[name], dotted, source, overridden)
     try:
         return config_cls(**kwargs)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{source}: {e}") from e
+        blamed = next(
+            (item for key, item in overridden.items() if key.startswith(prefix) and key in str(e)), None
+        )
+        where = f"override {blamed!r} on the command line" if blamed else source
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def _source(source: str, dotted: str, overridden: Mapping[str, str]) -> str:
+    """Who gave `dotted`'s value: the command line's `key=value` or the YAML file."""
+    item = overridden.get(dotted)
+    return f"override {item!r} on the command line" if item is not None else source
 
 
 def check_at_least(name: str, value: float, minimum: float, fix: str = "") -> None:
@@ -115,18 +167,22 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _coerce(hint: Any, value: Any, dotted: str, source: str) -> Any:
+def _coerce(
+    hint: Any, value: Any, dotted: str, source: str, overridden: Mapping[str, str] | None = None
+) -> Any:
+    overridden = overridden or {}
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return from_dict(hint, value or {}, source=source, prefix=dotted + ".")
+        return from_dict(hint, value or {}, source=source, prefix=dotted + ".", overridden=overridden)
+    source = _source(source, dotted.split("[")[0], overridden)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(arg, value, dotted, source)
+                return _coerce(arg, value, dotted, source, overridden)
             except ConfigError as e:
                 errors.append(e)
         raise errors[0]

@@ -50,12 +50,15 @@ def debug_log_path(folder: Path, rank: int) -> Path:
 
 @contextlib.contextmanager
 def debug_log(folder: Path, rank: int) -> Iterator[Path | None]:
-    """Every log record (INFO and up; DEBUG with MLHPC_DEBUG) and warning of this process into `debug_log_path` for the
-    block; yields the path, or None when the folder cannot take it (the run goes on)."""
+    """Every log record (INFO and up; DEBUG with MLHPC_DEBUG) and warning of this process into
+    `debug_log_path` for the block; yields the path, or None when the folder cannot take it (the
+    run goes on). The file is made by the first record only, and the folders made for it are
+    removed at the end if they stayed empty: a run with nothing to say leaves no empty log."""
     path = debug_log_path(folder, rank)
+    made = _missing_folders(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = logging.FileHandler(path, encoding="utf-8", delay=True)  # delay: opened on the first record
     except OSError:
         yield None  # an unwritable --out is reported by the run itself, in one line
         return
@@ -70,3 +73,15 @@ def debug_log(folder: Path, rank: int) -> Iterator[Path | None]:
     finally:
         root.removeHandler(handler)
         handler.close()
+        for empty in made:  # deepest first; rmdir refuses a folder anything else wrote into
+            with contextlib.suppress(OSError):
+                empty.rmdir()
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first (ours to remove)."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mlhpc import __version__
-from mlhpc.commands import ALLOW_SIZE_HELP, RULESETS, add_command, size_argument
+from mlhpc.commands import ALLOW_SIZE_HELP, RULESETS, OneLineParser, add_command, size_argument
 from mlhpc.commands import run as run_command
 from mlhpc.commands import stage as stage_commands
 from mlhpc.common.debug_log import configure_console
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         if not hasattr(args, "overrides") or any(item.startswith("-") or "=" not in item for item in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)
     debug = bool(os.environ.get("MLHPC_DEBUG"))  # MLHPC_DEBUG=1: the traceback instead of one line
@@ -82,6 +82,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(f"{where}{e.strerror or e}; check that path (permissions, free space)")
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command that ran, so that its error names it: `mlhpc results add`."""
+    for dest in ("command", "results_command"):
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, dest, None) not in sub.choices:
+            break
+        parser = sub.choices[getattr(args, dest)]
+    return parser
+
+
 def _error(message: str) -> int:
     line = " ".join((message.strip().splitlines() or [message])[0].split())
     print(f"mlhpc: error: {line}", file=sys.stderr)
@@ -92,7 +102,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `command` (the one about to run), the options of the others
     that need heavy imports (run's Slurm options, stage-bench's) are left out: `mlhpc stage`
     starts without importing the Slurm campaign or the benchmark tools."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="mlhpc",
         description="MLPerf-HPC-style time-to-train: generate data, stage it, train to target, check.",
         epilog="example: mlhpc run cosmoflow --config mini --seeds 10 --out runs/",
@@ -113,7 +123,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--samples", type=int, default=None, help="training samples (default: the config's)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--allow-size", type=size_argument, default=None, metavar="SIZE", help=ALLOW_SIZE_HELP)
-    gen.add_argument("overrides", nargs="*", metavar="key=value")
+    gen.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides (optional)")
     gen.set_defaults(handler=_generate)
 
     stage_commands.add_parsers(sub, command)

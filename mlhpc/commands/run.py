@@ -114,8 +114,9 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     run.add_argument(
         "overrides",
         nargs="*",
+        default=[],  # without a default argparse lists key=value among the required arguments
         metavar="key=value",
-        help="config overrides, e.g. loop.max_epochs=20",
+        help="config overrides (optional), e.g. loop.max_epochs=20",
     )
     if command in (None, "run"):
         from mlhpc.slurm_campaign import add_slurm_arguments
@@ -173,7 +174,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"{result.train_samples_per_s:>10.1f}"
             )
         print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
-        if debug_file is not None:
+        if debug_file is not None and debug_file.exists():  # made only when something was logged
             print(f"debug log (warnings, details): {debug_file}")
     return campaign.check_status or 0
 

@@ -163,6 +163,13 @@ def _stage(args: argparse.Namespace) -> int:
             "mlhpc stage needs DEST: mlhpc stage SRC DEST (to write SRC's manifest: mlhpc manifest SRC)"
         )
     comm = make_comm(args.comm, each_rank_a_node=args.each_rank_a_node)
+    from mlhpc.common.printable import shown
+
+    if not args.src.exists() and not args.src.is_symlink():
+        raise ConfigError(
+            f"mlhpc stage: the source {shown(str(args.src))} does not exist; pass as SRC a dataset folder or a "
+            ".tar, .tar.gz or .tar.zst archive"
+        )
     dest = Path(str(args.dest).replace("{node}", str(comm.topology.node)))
     try:
         report = stage_dataset(
