@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -68,9 +69,17 @@ def dry_run(opts: RunOptions, *, device: str = "auto") -> int:
             f"(batch {loop.local_batch_size(ranks_per_model)} per rank x {loop.gradient_accumulation_steps} "
             f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
             f"{resolve_memory_format(loop, bench, ctx.device)}, staging {opts.staging} run_start; "
-            f"data {opts.data or f'generated into {plan.data}'}. Nothing was built, staged or written."
+            f"data {opts.data or _generated(opts, bench.name, cfg, plan.data)}. Nothing was built, staged or written."
         )
     return 0
+
+
+def _generated(opts: RunOptions, benchmark: str, cfg: object, data_dir: Path) -> str:
+    """How big the synthetic dataset of a run without --data is and where it goes (refused as the
+    run would refuse it: generation.check_size)."""
+    from mlhpc.generation import planned_data_text, run_size_check
+
+    return planned_data_text(data_dir, run_size_check(benchmark, cfg, opts.config, opts.allow_size))
 
 
 def _context(device: str, instances: int) -> DistContext:
