@@ -64,33 +64,35 @@ def _under(path: str, root: str) -> bool:
 
 def output_conflict(
     output: Path | str, inputs: Sequence[Path | str], *, folder: bool = False, suffixes: Sequence[str] = ()
-) -> str | None:
-    """Why writing `output` could damage an input, or None. Judged on the real tree (every
-    symlink followed, `..` taken after the link it follows): the output may not be an input,
-    lie inside an input folder, or be a hard link to an input file. An existing output must be
-    of the kind written: a folder for `folder`, else a regular file whose name ends in one of
-    `suffixes` (an existing `result_0.txt` is never replaced by a PNG, whoever wrote it)."""
+) -> tuple[str, str] | None:
+    """Why writing `output` could damage an input, and the fix; None when it cannot. Judged on
+    the real tree (every symlink followed, a `..` taken after the link it follows): the output
+    may not be an input, lie inside an input folder, or be a hard link to an input file. An
+    existing output must be of the kind written: a folder for `folder`, else a regular file whose
+    name ends in one of `suffixes` (an existing `result_0.txt` is never replaced by a PNG)."""
     real = os.path.realpath(output)
+    elsewhere = "write it outside what this command reads"
     for given in inputs:
         source = os.path.realpath(given)
         if _under(real, source):
             where = "is" if real == source else "is inside"
-            return f"{where} the input {shown(given)}"
+            return f"{where} the input {shown(given)}", elsewhere
     try:
         status = os.stat(real)
     except OSError:
         return None  # nothing there yet (or unreachable: the write will say so)
     if folder:
-        return None if stat.S_ISDIR(status.st_mode) else "exists and is not a folder"
+        return None if stat.S_ISDIR(status.st_mode) else ("exists and is not a folder", "pass a folder")
+    new_name = "pass a new name" + (f" or an existing {' or '.join(suffixes)} file" if suffixes else "")
     if not stat.S_ISREG(status.st_mode):
-        return "exists and is not a regular file (a folder, FIFO or device)"
+        return "exists and is not a regular file (a folder, FIFO or device)", new_name
     for given in inputs:
         with contextlib.suppress(OSError):
             theirs = os.stat(given)
             if (theirs.st_dev, theirs.st_ino) == (status.st_dev, status.st_ino):
-                return f"is a hard link to the input {shown(given)}"
+                return f"is a hard link to the input {shown(given)}", elsewhere
     if suffixes and not real.endswith(tuple(suffixes)):
-        return f"exists and does not end in {' or '.join(suffixes)}, so it is not a file this option writes"
+        return f"exists and does not end in {' or '.join(suffixes)}: not a file this option writes", new_name
     return None
 
 
@@ -104,16 +106,15 @@ def refuse_output_over_inputs(
 ) -> Path:
     """The real path to write `output` to, or a ConfigError naming `option`, why, and the fix.
 
-    The one guard for every option that names an output (see `output_conflict`); the caller
-    writes to the returned resolved path, so that a `..` after a symlink or a folder made on the
-    way cannot land in an input after the judgement. `inputs` None entries are skipped."""
+    The one guard for every option that names an output (see `output_conflict`); any command can
+    call it with its own inputs. The caller writes to the returned resolved path, so that a `..`
+    after a symlink, or a folder made on the way, cannot land in an input after the judgement.
+    `inputs` None entries (options not given) are skipped."""
     given = [Path(p) for p in inputs if p is not None]
-    why = output_conflict(output, given, folder=folder, suffixes=suffixes)
-    if why is not None:
-        kind = "folder" if folder else "file"
-        raise ConfigError(
-            f"{option} {shown(output)} {why}; pass a new {kind} outside what this command reads"
-        )
+    conflict = output_conflict(output, given, folder=folder, suffixes=suffixes)
+    if conflict is not None:
+        why, fix = conflict
+        raise ConfigError(f"{option} {shown(output)} {why}; {fix}")
     return Path(os.path.realpath(output))
 
 

@@ -1,18 +1,28 @@
 """`mlhpc report`: where each run's time went (the breakdown files `mlhpc run` writes), printed
-as a table and plotted as one stacked bar per run."""
+as a table per campaign entry that fits the terminal, written whole as JSON or CSV, and plotted as
+one stacked bar per run."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import math
+import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlhpc.common.errors import SubmissionError
+from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.plots import pyplot, write_png
+from mlhpc.common.printable import shown
 from mlhpc.common.safe_read import RefusedFile, find_files, read_bytes
 from mlhpc.common.timing import PHASES, Breakdown
+from mlhpc.common.waiting import say_if_slow
+from mlhpc.common.writable import refuse_output_over_inputs
 
 MAX_BREAKDOWN_BYTES = 2**20
 """A breakdown file is about 1 kB; anything this big is not one."""
@@ -87,38 +97,157 @@ def _read_one(path: Path, folder: Path) -> RunBreakdown:
     )
 
 
-def report_command(folder: Path, *, plot: Path | None = None) -> list[RunBreakdown]:
+def report_command(
+    folder: Path,
+    *,
+    plot: Path | None = None,
+    json_path: Path | None = None,
+    csv_path: Path | None = None,
+) -> list[RunBreakdown]:
+    """`mlhpc report`: a table per campaign entry, no wider than the terminal (the smallest phases
+    left out first when it is narrow, and said so); every figure in `json_path` / `csv_path`."""
     from rich.console import Console
     from rich.markup import escape
+
+    # Outputs judged before reading: none may be, or lie in, the folder the report reads.
+    outputs = {
+        option: refuse_output_over_inputs(path, [folder], option, suffixes=(suffix,))
+        for option, path, suffix in (
+            ("--plot", plot, ".png"),
+            ("--json", json_path, ".json"),
+            ("--csv", csv_path, ".csv"),
+        )
+        if path is not None
+    }
+    with say_if_slow(f"reading the time breakdowns under {shown(folder)}"):
+        runs = read_breakdowns(folder)
+    console = Console(width=shutil.get_terminal_size().columns, highlight=False)
+    for entry, mine in campaigns(runs).items():
+        table, left_out = campaign_table(entry, mine, console)
+        console.print(table)
+        settings = Counter(_settings(run.breakdown) for run in mine)
+        for how, count in settings.items():
+            if how:
+                console.print(f"how it ran: {escape(how)} ({count} of {len(mine)} runs)")
+        if left_out:
+            more = " and --json/--csv" if not (json_path or csv_path) else ""
+            console.print(
+                f"left out for the terminal's width: {', '.join(left_out)} (see a wider terminal{more})",
+            )
+        console.print()
+    if "--json" in outputs:
+        atomic_write_json(
+            outputs["--json"], {"campaigns": [_entry_json(e, m) for e, m in campaigns(runs).items()]}
+        )
+        console.print(f"wrote {escape(shown(outputs['--json']))}")
+    if "--csv" in outputs:
+        atomic_write_text(outputs["--csv"], report_csv(runs))
+        console.print(f"wrote {escape(shown(outputs['--csv']))}")
+    if "--plot" in outputs:
+        plot_breakdowns(runs, outputs["--plot"])
+        console.print(f"wrote {escape(shown(outputs['--plot']))}")
+    return runs
+
+
+def campaigns(runs: list[RunBreakdown]) -> dict[str, list[RunBreakdown]]:
+    """The runs grouped by the folder their breakdowns sit in: one campaign's entry each (a folder
+    holding several campaigns' --out gives one group per campaign and benchmark)."""
+    groups: dict[str, list[RunBreakdown]] = {}
+    for run in runs:
+        groups.setdefault(_entry(run), []).append(run)
+    return groups
+
+
+def _entry(run: RunBreakdown) -> str:
+    return run.name.rsplit("/", 1)[0] if "/" in run.name else "."
+
+
+def campaign_table(entry: str, runs: list[RunBreakdown], console: Any) -> tuple[Any, list[str]]:
+    """One row per run: total seconds, each phase's share, what is unaccounted, GFLOP/s. Phases
+    with the smallest share over the campaign are left out (and named) until the table fits."""
+    from rich import box
+    from rich.markup import escape
+    from rich.measure import Measurement
     from rich.table import Table
 
-    runs = read_breakdowns(folder)
-    console = Console(width=max(100, 30 + 17 * len(runs)))
-    entries = sorted({run.name.rsplit("/", 1)[0] for run in runs})
-    # Run names come from file names: data, not markup.
-    table = Table(title=f"where the time went: {escape(', '.join(entries))}")
-    table.add_column("phase")
+    totals = {phase: sum(r.breakdown.seconds[phase] for r in runs) for phase in PHASES}
+    by_size = sorted(PHASES, key=lambda phase: totals[phase])
+    left_out: list[str] = []
+    while True:
+        table = Table(
+            title=f"where the time went: {escape(shown(entry))} ({len(runs)} runs)",
+            box=box.SIMPLE_HEAD,
+            title_justify="left",
+        )
+        table.add_column("run")
+        table.add_column("total s", justify="right")
+        kept = [phase for phase in PHASES if phase not in left_out]
+        for phase in kept:
+            table.add_column(phase, justify="right")
+        table.add_column("unaccounted", justify="right")
+        table.add_column("GFLOP/s", justify="right")
+        for run in runs:
+            shares, b = run.breakdown.shares(), run.breakdown
+            table.add_row(
+                escape(shown(f"{run.name.rsplit('/', 1)[-1].removeprefix('result_')} (seed {run.seed})")),
+                f"{b.total_s:.2f}",
+                *(f"{shares[phase]:.0%}" for phase in kept),
+                f"{(b.total_s - b.accounted_s) / (b.total_s or 1):.0%}",
+                f"{b.achieved_flops_per_s / 1e9:.1f}",
+            )
+        width = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        if width <= console.width or len(left_out) == len(PHASES):
+            return table, sorted(left_out, key=PHASES.index)
+        left_out.append(by_size[len(left_out)])
+
+
+def _entry_json(entry: str, runs: list[RunBreakdown]) -> dict[str, Any]:
+    return {
+        "entry": entry,
+        "runs": [{"run": run.name, "seed": run.seed, **run.breakdown.to_dict()} for run in runs],
+    }
+
+
+CSV_FIELDS = (
+    "entry",
+    "run",
+    "seed",
+    "total_s",
+    "time_to_train_s",
+    "init_s",
+    *(f"phase_{phase}_s" for phase in PHASES),
+    "unaccounted_s",
+    "flops_per_sample",
+    "achieved_flops_per_s",
+    "train_samples_seen",
+    "settings",
+)
+
+
+def report_csv(runs: list[RunBreakdown]) -> str:
+    """One row per run with every figure the table shows in part."""
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS)
+    writer.writeheader()
     for run in runs:
-        label = run.name if len(entries) > 1 else run.name.rsplit("/", 1)[-1]
-        table.add_column(f"{escape(label)}\nseed {run.seed}", justify="right")
-    for phase in PHASES:
-        table.add_row(phase, *(_seconds_share(r.breakdown, phase) for r in runs))
-    table.add_row("total (init + time-to-train)", *(f"{r.breakdown.total_s:.2f} s" for r in runs))
-    table.add_row(
-        "unaccounted",
-        *(
-            f"{(r.breakdown.total_s - r.breakdown.accounted_s) / (r.breakdown.total_s or 1):.1%}"
-            for r in runs
-        ),
-    )
-    table.add_row("GFLOP per sample (fwd+bwd)", *(f"{r.breakdown.flops_per_sample / 1e9:.4f}" for r in runs))
-    table.add_row("achieved GFLOP/s", *(f"{r.breakdown.achieved_flops_per_s / 1e9:.1f}" for r in runs))
-    table.add_row("how it ran", *(escape(_settings(r.breakdown)) for r in runs))
-    console.print(table)
-    if plot is not None:
-        plot_breakdowns(runs, plot)
-        console.print(f"wrote {escape(str(plot))}")
-    return runs
+        b = run.breakdown
+        writer.writerow(
+            {
+                "entry": _entry(run),
+                "run": run.name,
+                "seed": run.seed,
+                "total_s": b.total_s,
+                "time_to_train_s": b.time_to_train_s,
+                "init_s": b.init_s,
+                **{f"phase_{phase}_s": b.seconds[phase] for phase in PHASES},
+                "unaccounted_s": b.total_s - b.accounted_s,
+                "flops_per_sample": b.flops_per_sample,
+                "achieved_flops_per_s": b.achieved_flops_per_s,
+                "train_samples_seen": b.train_samples_seen,
+                "settings": _settings(b),
+            }
+        )
+    return out.getvalue()
 
 
 def plot_breakdowns(runs: list[RunBreakdown], path: Path) -> None:
