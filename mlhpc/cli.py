@@ -165,6 +165,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     report.add_argument("path", type=Path, help="the --out folder of `mlhpc run`, or one breakdown file")
     report.add_argument("--plot", type=Path, default=None, help="write a stacked bar per run as PNG")
+    report.add_argument("--json", type=Path, default=None, help="write every run's figures as JSON")
+    report.add_argument("--csv", type=Path, default=None, help="write one CSV row per run")
     report.set_defaults(handler=_report)
     _add_results_parser(sub)
     return parser
@@ -220,7 +222,7 @@ def _variability(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from mlhpc.report import report_command
 
-    report_command(args.path, plot=args.plot)
+    report_command(args.path, plot=args.plot, json_path=args.json, csv_path=args.csv)
     return 0
 
 
