@@ -59,6 +59,32 @@ def seed_line(*, seed: int, status: str, epochs: int, run_seconds: float, detail
     return f"seed {seed}: {status} after {epochs} epoch(s) in {run_seconds / 60:.2f} min{why}"
 
 
+@dataclass
+class CampaignClock:
+    """Where a campaign of `total` seeded runs stands, and the time left from the runs so far."""
+
+    total: int
+    seconds: list[float] = field(default_factory=list)
+    """Wall time of each run finished in this process (staging, training, writing: all of it)."""
+
+    def finished(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+    def left_s(self) -> float | None:
+        """Seconds the runs not yet finished should take at the mean so far; None before the first."""
+        if not self.seconds:
+            return None
+        return (self.total - len(self.seconds)) * sum(self.seconds) / len(self.seconds)
+
+    def line(self, position: int) -> str:
+        """`seed 3 of 10, about 4:48 left (0:36 a seed so far)` as the `position`-th run starts."""
+        left = self.left_s()
+        if left is None:
+            return f"seed {position} of {self.total}"
+        mean = sum(self.seconds) / len(self.seconds)
+        return f"seed {position} of {self.total}, about {clock(left)} left ({clock(mean)} a seed so far)"
+
+
 @dataclass(eq=False)  # compared by identity: SILENT serves as a dataclass field's default
 class Progress:
     """Prints lines for people on the main rank; silent elsewhere (enabled=False)."""

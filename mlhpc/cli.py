@@ -70,16 +70,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _error(str(e) or type(e).__name__)
     except Terminated:
-        print("mlhpc: terminated", file=sys.stderr)
+        print(stopped_line("terminated", args), file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("mlhpc: interrupted", file=sys.stderr)
+        print(stopped_line("interrupted", args), file=sys.stderr)
         return 128 + signal.SIGINT
     except OSError as e:  # the last resort: whatever path a step could not read or write
         if debug:
             raise
         where = f"{e.filename}: " if e.filename is not None else ""
         return _error(f"{where}{e.strerror or e}; check that path (permissions, free space)")
+
+
+def stopped_line(how: str, args: argparse.Namespace) -> str:
+    """`mlhpc: interrupted`, and for a run the exact command that finishes it (one line)."""
+    if getattr(args, "command", None) != "run":
+        return f"mlhpc: {how}"
+    command = run_command.resume_command(args, _program())
+    if command is None or os.environ.get("RANK", "0") != "0":  # one rank tells it, not every one
+        return f"mlhpc: {how}"
+    if os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_PROCID"):  # a launcher started this rank
+        return f"mlhpc: {how}; to finish the campaign, launch the same way with --resume: {command}"
+    return f"mlhpc: {how}; to finish the campaign (finished runs are kept): {command}"
+
+
+def _program() -> str:
+    """How this process was started, as a shell would run it again: `mlhpc` (or the path typed),
+    else `python -m mlhpc`."""
+    import shlex
+
+    first = sys.argv[0] if sys.argv else ""
+    if Path(first).name == "mlhpc":
+        return shlex.quote(first)
+    return f"{shlex.quote(sys.executable)} -m mlhpc"
 
 
 def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
@@ -251,6 +274,7 @@ def _add_results_parser(sub: argparse._SubParsersAction) -> None:
     compare = what.add_parser("compare", help="one entry against the published ones of its benchmark")
     compare.add_argument("entry", help="an id (see list) or submitter/system/scaling/benchmark")
     compare.add_argument("--report", type=Path, default=None, metavar="DIR", help="write DIR/index.html")
+    compare.add_argument("--all", action="store_true", help="also entries of unlike scale or config, marked")
     for action in (add, listing, compare):
         action.add_argument(
             "--db",
@@ -279,7 +303,7 @@ def _results(args: argparse.Namespace) -> int:
         from mlhpc.common.writable import check_writable_dir
 
         check_writable_dir(args.report, "--report")
-    return command.compare_command(db, args.entry, args.report, out)
+    return command.compare_command(db, args.entry, args.report, out, show_all=args.all)
 
 
 def _check(args: argparse.Namespace) -> int:

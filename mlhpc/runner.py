@@ -29,7 +29,7 @@ from mlhpc.common.layout import Scaling, implementation_dir, system_json_path
 from mlhpc.common.locks import FolderBusy, folder_lock
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
-from mlhpc.common.progress import SILENT, Progress, seed_line
+from mlhpc.common.progress import SILENT, CampaignClock, Progress, seed_line
 from mlhpc.generation import SizeCheck, generate_dataset, run_size_check
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
 from mlhpc.staging import Communicator, comm_for, resolve_local_dir, stage_dataset
@@ -239,10 +239,14 @@ def _train(
         campaign.results.append(runner.run(instance, plan.seeds[instance]))
         ctx.barrier()  # the job ends when its last instance does
     else:
-        for index in plan.to_run:
+        clock = CampaignClock(total=len(plan.to_run))  # "seed 3 of 10, about 4:48 left"
+        for position, index in enumerate(plan.to_run, 1):
+            progress.say(clock.line(position), "bold")
+            started = time.monotonic()
             campaign.results.append(runner.run(index, plan.seeds[index]))
     failed = [(seed, result, path) for seed, result, path in campaign.results if result.status != "success"]
     if failed:
+            clock.finished(time.monotonic() - started)
         seed, result, path = failed[0]
         raise TrainingError(f"the run with seed {seed} aborted: {result.error}; its log is {path}")
     if opts.check and ctx.is_main:

@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlhpc.common.catalog import Target
@@ -100,3 +100,101 @@ def test_staging_line_reads_the_staging_metadata() -> None:
     metadata = {"staged_files": 1032, "staged_bytes": 268_400_000, "staging_duration": 2.13}
     assert staging_line(metadata) == "staged 1,032 files (268.4 MB) in 2.1 s"
     assert staging_line({}) == "staged ? files"  # a stage callable that reports nothing
+
+
+# ---------------------------------------------------------------- a campaign a person can plan by
+SMALL = ["data.num_train_samples=64", "data.num_eval_samples=16"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 50), st.lists(st.floats(0, 1e5, allow_nan=False), max_size=50))
+def test_time_left_is_the_runs_to_go_at_the_mean_so_far(total: int, seconds: list[float]) -> None:
+    from mlhpc.common.progress import CampaignClock
+
+    seconds = seconds[:total]
+    campaign = CampaignClock(total=total)
+    for s in seconds:
+        campaign.finished(s)
+    line = campaign.line(len(seconds) + 1 if len(seconds) < total else total)
+    assert line.startswith("seed ") and f" of {total}" in line
+    if not seconds:
+        assert campaign.left_s() is None and "left" not in line
+    else:
+        left = campaign.left_s()
+        assert left is not None
+        assert left == pytest.approx((total - len(seconds)) * sum(seconds) / len(seconds))
+        assert f"about {clock(left)} left" in line
+
+
+def test_each_seed_says_which_of_how_many_and_the_time_left(tmp_path: Path) -> None:
+    """A real three-seed campaign (one epoch each, not meant to reach the target)."""
+    from tests.conftest import mlhpc_cli
+
+    args = ["run", "cosmoflow", "--seeds", "3", "--out", "runs", "--no-check", "loop.max_epochs=1", *SMALL]
+    proc = mlhpc_cli(args, tmp_path, 600)
+    lines = proc.stdout.splitlines()
+    starts = [line for line in lines if line.startswith("seed ") and " of 3" in line]
+    assert starts[0] == "seed 1 of 3", proc.stdout[-3000:]
+    assert len(starts) == 3 and all("left (" in line and "a seed so far)" in line for line in starts[1:])
+    assert starts[1].startswith("seed 2 of 3, about ")
+
+
+def test_an_interrupted_run_prints_the_command_that_finishes_it(tmp_path: Path) -> None:
+    """Ctrl-C (and SIGTERM) in the second seed: one line with the exact command, which the
+    planner then accepts as the campaign's resumption."""
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import cli_env, ctrl_c_as_at_a_terminal
+
+    for sig, how in ((signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")):
+        out = f"runs {how}"  # a space: the command must come back shell-quoted
+        argv = ["run", "cosmoflow", "--seeds", "3", "--out", out, "--no-check", "loop.max_epochs=20", *SMALL]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlhpc", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=cli_env(MLHPC_LOCAL_DIR=str(tmp_path / "local")), cwd=tmp_path, preexec_fn=ctrl_c_as_at_a_terminal,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 300
+            for line in proc.stdout:
+                if line.startswith("seed 2 of 3") or time.monotonic() > deadline:
+                    break
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + sig, err[-2000:]
+        (line,) = err.splitlines()
+        prefix = f"mlhpc: {how}; to finish the campaign (finished runs are kept): "
+        assert line.startswith(prefix), line
+        command = shlex.split(line[len(prefix) :])
+        assert command == [sys.executable, "-m", "mlhpc", *argv, "--resume"]
+        check = subprocess.run(
+            [*command, "--dry-run"], capture_output=True, text=True, timeout=300,
+            env=cli_env(MLHPC_LOCAL_DIR=str(tmp_path / "local")), cwd=tmp_path,
+        )  # fmt: skip
+        assert check.returncode == 0, check.stderr[-2000:]
+        assert "keeping 1 finished" in check.stdout or "seeds [" in check.stdout, check.stdout[-2000:]
+
+
+def test_where_resuming_means_nothing_the_line_stays_bare() -> None:
+    import argparse
+
+    from mlhpc.cli import stopped_line
+
+    run = {
+        "command": "run",
+        "dry_run": False,
+        "slurm": False,
+        "instances": 1,
+        "argv": ["run", "x", "--out", "o"],
+    }
+    assert stopped_line("interrupted", argparse.Namespace(command="generate")) == "mlhpc: interrupted"
+    for change in ({"dry_run": True}, {"slurm": True}, {"instances": 4}):
+        assert stopped_line("terminated", argparse.Namespace(**{**run, **change})) == "mlhpc: terminated"
+    resumed = stopped_line("interrupted", argparse.Namespace(**{**run, "argv": [*run["argv"], "--resume"]}))
+    assert resumed.endswith("run x --out o --resume") and resumed.count("--resume") == 1

@@ -203,6 +203,20 @@ def refuse_surprise_size(args: argparse.Namespace) -> None:
         check_size(planned[0], planned[1], reuse_complete=True)
 
 
+def resume_command(args: argparse.Namespace, program: str) -> str | None:
+    """The command that finishes an interrupted `mlhpc run`: its own words with --resume added,
+    shell-quoted; None where resuming means nothing (a dry run, a Slurm submission, weak scaling,
+    which is timed as one job and cannot be resumed)."""
+    import shlex
+
+    if args.dry_run or args.slurm or args.instances > 1:
+        return None
+    words = list(args.argv)
+    if "--resume" not in words:
+        words.append("--resume")
+    return shlex.join([*shlex.split(program), *words])
+
+
 def _run_options(args: argparse.Namespace) -> RunOptions:
     from mlhpc.runner import RunOptions
 
@@ -244,8 +258,8 @@ def _launch_instances(args: argparse.Namespace) -> int:
     from mlhpc.cli import Terminated
     from mlhpc.submission_checker.command import check_command
 
-    threads = max(1, (os.cpu_count() or 1) // args.instances)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
+    # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/threads).
+    env = dict(os.environ)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc_per_node={args.instances}", "-m", "mlhpc", *args.argv, "--no-check"]
     print(f"launching {args.instances} local ranks, one per instance: {' '.join(command)}", flush=True)
