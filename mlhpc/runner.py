@@ -244,9 +244,9 @@ def _train(
             progress.say(clock.line(position), "bold")
             started = time.monotonic()
             campaign.results.append(runner.run(index, plan.seeds[index]))
+            clock.finished(time.monotonic() - started)
     failed = [(seed, result, path) for seed, result, path in campaign.results if result.status != "success"]
     if failed:
-            clock.finished(time.monotonic() - started)
         seed, result, path = failed[0]
         raise TrainingError(f"the run with seed {seed} aborted: {result.error}; its log is {path}")
     if opts.check and ctx.is_main:
