@@ -79,6 +79,8 @@ class SlurmCampaign:
     generate: bool
     """Whether a first job generates synthetic data into `data` (no --data given, none there yet)."""
     overrides: tuple[str, ...] = ()
+    generate_flags: tuple[str, ...] = ()
+    """Passed on to the data job's `mlhpc generate` (--allow-size: the login node checked the size)."""
     run_flags: tuple[str, ...] = ()
     run_and_time: Path
     mlhpc_cmd: tuple[str, ...]
@@ -183,6 +185,7 @@ def slurm_campaign(args: argparse.Namespace, p: CampaignPlan, request: CampaignR
         data=p.data,
         generate=p.generated_data and not (p.data / MANIFEST_NAME).is_file(),
         overrides=tuple(args.overrides),
+        generate_flags=("--allow-size", str(args.allow_size)) if args.allow_size else (),
         run_flags=tuple(flags),
         run_and_time=find_run_and_time(),
         mlhpc_cmd=(sys.executable, "-m", "mlhpc"),
@@ -324,6 +327,7 @@ def generate_script(c: SlurmCampaign) -> str:
         c.config,
         "--out",
         str(c.data),
+        *c.generate_flags,
         *c.overrides,
     ]
     return _script(

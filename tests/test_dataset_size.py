@@ -209,3 +209,16 @@ def test_a_quick_generation_prints_nothing(tmp_path: Path) -> None:
     assert stream.getvalue() == ""
     assert not [t for t in threading.enumerate() if t.name == "mlhpc-generation-progress"]
     assert math.isclose(folder_bytes(tmp_path), 0)
+
+
+def test_a_slurm_campaign_passes_the_allowed_size_to_its_data_job(tmp_path: Path) -> None:
+    if shutil.disk_usage(tmp_path).free < 6 * 10**9:
+        pytest.skip("this disk has less than 6 GB free")
+    words = ["run", "cosmoflow", "--config", "full", "--out", "X", "--slurm", "--dry-run"]
+    words += ["data.num_train_samples=300", "data.num_eval_samples=38"]  # 5.7 GB
+    one_error_line(mlhpc_cli(words, tmp_path, 120), "--allow-size 5.7GB")  # refused on the login node
+    proc = mlhpc_cli([*words, "--allow-size", "5.7GB"], tmp_path, 120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    generate = next(line for line in proc.stdout.splitlines() if " generate cosmoflow " in line)
+    assert "--allow-size 5700000000" in generate  # or the data job would refuse what was allowed
+    assert not (tmp_path / "X").exists()
