@@ -33,6 +33,7 @@ from mlhpc.common.safepath import inside, landing, link_target, relative_path
 from mlhpc.staging.archive_stream import CorruptArchiveError, open_archive
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
+from mlhpc.staging.origin import open_regular
 from mlhpc.staging.sink import (
     BUFFER_BYTES,
     PARTIAL_SUFFIX,
@@ -69,7 +70,7 @@ def estimated_bytes(path: Path, kind: str, manifest: Manifest | None) -> int:
     if kind == "zst":
         import zstandard
 
-        with open(path, "rb") as handle:
+        with open(open_regular(path), "rb", closefd=True) as handle:
             try:
                 content = zstandard.frame_content_size(handle.read(18))
             except zstandard.ZstdError:
@@ -77,6 +78,30 @@ def estimated_bytes(path: Path, kind: str, manifest: Manifest | None) -> int:
         if content > 0:
             return content
     return size  # a lower bound for a compressed archive; a full disk is still caught while writing
+
+
+def unchecked_warning(path: Path, kind: str | None) -> str | None:
+    """What a manifest-less archive of `kind` cannot promise, as one line; None when its format
+    checks its own bytes (gzip's CRC-32 per member; zstd frames with a content checksum)."""
+    if kind == "tar":
+        why = "a .tar carries no checksum of its members' bytes"
+    elif kind == "zst":
+        import zstandard
+
+        try:
+            with open(open_regular(path), "rb", closefd=True) as handle:
+                checked = zstandard.get_frame_parameters(handle.read(18)).has_checksum
+        except (OSError, StagingError, zstandard.ZstdError):
+            return None  # staging names what is wrong with it
+        if checked:
+            return None
+        why = "its zstd frames carry no checksum (zstd --no-check)"
+    else:
+        return None
+    return (
+        f"{path} has no manifest and {why}: a damaged byte inside a member is staged unnoticed; "
+        f"where the archive was made, write its checksums with: mlhpc manifest {path}"
+    )
 
 
 def check_member(member: tarfile.TarInfo, archive: Path) -> str | None:
@@ -116,8 +141,12 @@ class ArchiveExtractor:
         keep: Callable[[str], bool] = lambda path: True,
         workers: int = 8,
         on_done: Callable[[list[Staged]], None] = lambda staged: None,
+        origin: str = "",
     ) -> None:
         self.archive = archive
+        self.origin = origin
+        """The archive's identity when it was opened: every member's record carries it, and a
+        rerun keeps a member only when the archive's identity is still this one."""
         self.dest = dest
         self.options = options
         self.expected = {f.path: f for f in manifest.files} if manifest else None
@@ -140,6 +169,8 @@ class ArchiveExtractor:
         links are made last and never replace a directory, so they stay real."""
         self._real_dest = os.path.realpath(dest)
         self._seen: set[str] = set()
+        self.folders: dict[str, int] = {}
+        """Folder members and their modes, made and given their modes once all is extracted."""
 
     def run(self, raw: IO[bytes], kind: str) -> list[Staged]:
         """Extract everything; on any error, wait for the writers and raise it. The links come
@@ -167,10 +198,26 @@ class ArchiveExtractor:
                     "check the node-local directory, or rebuild the archive without it"
                 ) from e
         self._check_symlinks([path for path in made if path is not None])
+        self._make_folders()
         return list(self.staged.values())
+
+    def _make_folders(self) -> None:
+        """Make the archive's folders (empty ones too) and give them their modes as tar does for
+        a user that is not root: the umask applied, no setuid, setgid or sticky bit, and the
+        owner's rwx kept (a rerun writes there)."""
+        umask = 0o022 if self.options.umask is None else self.options.umask
+        fix = "rebuild the archive without it"
+        for name, mode in sorted(self.folders.items()):
+            path = landing(str(self.dest), f"{name}/x", f"{self.archive}: member", fix, self._real_dirs)
+            folder = os.path.dirname(path)
+            os.makedirs(folder, exist_ok=True)
+            if stat.S_ISDIR(os.lstat(folder).st_mode):
+                os.chmod(folder, mode & 0o777 & ~umask | 0o700)
 
     def _take(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         name = check_member(member, self.archive)
+        if name is not None and member.isdir() and not posixpath.basename(name).startswith(".mlhpc"):
+            self.folders[name] = member.mode
         if name is None or member.isdir() or posixpath.basename(name).startswith(".mlhpc"):
             return
         member.name = name
@@ -197,7 +244,7 @@ class ArchiveExtractor:
             self._drain()
         self._seen.add(member.name)
         entry = self._entry(member.name, member.size)
-        if (kept := already_staged(self.dest, entry, self.evidence, self.options)) is not None:
+        if (kept := already_staged(self.dest, entry, self.evidence, self.options, self.origin)) is not None:
             self.skipped += 1
             self.staged[entry.path] = kept
             return
@@ -218,7 +265,7 @@ class ArchiveExtractor:
         """Write one member; it keeps its mode (FileSink drops setuid, setgid, sticky), and u+rw,
         so that staging can read it back to verify it and write it again on a rerun."""
         buffer = self._buffers.get(min(BUFFER_BYTES, entry.size))
-        sink = FileSink(str(self.dest), entry, self.options, buffer, mode=mode | 0o600)
+        sink = FileSink(str(self.dest), entry, self.options, buffer, mode=mode | 0o600, origin=self.origin)
         try:
             for piece in pieces:
                 sink.write(piece)
@@ -228,7 +275,7 @@ class ArchiveExtractor:
             self._buffers.put(sink.buffer)
             for _ in range(megabytes):
                 self._budget.release()
-        journal(str(self.dest)).record(staged)
+        journal(str(self.dest), self.options.run_token).record(staged)
         with self._lock:
             self.staged[staged.source] = staged
             self.written.append(staged)
@@ -318,7 +365,7 @@ class ArchiveExtractor:
         self._clear(path, where)
         os.link(origin, path, follow_symlinks=False)
         self.staged[member.name] = Staged(
-            member.name, linked.size, linked.checksum, member.name, linked.checksum
+            member.name, linked.size, linked.checksum, member.name, linked.checksum, self.origin
         )
         return None
 
@@ -388,7 +435,7 @@ def build_archive_manifest(path: Path, algorithm: str = "xxh3_128") -> Manifest:
     if kind is None:
         raise StagingError(f"{path} is not a .tar, .tar.gz or .tar.zst archive")
     entries = {}
-    with open(path, "rb") as raw, open_archive(raw, kind, path) as tar:
+    with open(open_regular(path), "rb", closefd=True) as raw, open_archive(raw, kind, path) as tar:
         for member in tar:
             name = check_member(member, path)
             if name is None or not member.isfile() or name == MANIFEST_NAME:

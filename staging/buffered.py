@@ -27,6 +27,7 @@ from typing import Any
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safepath import landing
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, new_hasher
+from mlhpc.staging.origin import changed_while_copied, open_regular, recorded_identity
 from mlhpc.staging.sink import FILE_MODE_BITS, Staged, checked_dirs, partial_name, write_error
 
 SLICE_BYTES = 1 << 20
@@ -38,7 +39,7 @@ KERNEL_COPY_MIN_BYTES = 8 << 20
 """Smaller files go the read-hash-write path also under `--io kernel`: a mapping per file costs
 more than the one read and write they take."""
 _READ = os.O_RDONLY | os.O_CLOEXEC
-_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW  # no planted link
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW  # new: nobody's file, no link
 _READ_WRITE = _WRITE & ~os.O_WRONLY | os.O_RDWR  # the kernel copy maps what it wrote, to hash it
 _NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 """copy_file_range refused (another file system, an old kernel): `sendfile` does it."""
@@ -84,6 +85,7 @@ def copy_buffered(
     algorithm: str,
     umask: int | None,
     check: Callable[[], None] = lambda: None,
+    token: str = "",
 ) -> Staged:
     """Copy one file through the page cache, verified against `entry` before it is renamed.
 
@@ -93,14 +95,15 @@ def copy_buffered(
     source = os.path.join(src_root, entry.path)
     view = _buffer()
     try:
-        fd = os.open(source, _READ)
+        fd = open_regular(source, _READ)
     except OSError as e:
         raise source_error(e, source) from e
     out = -1
     target = tmp = ""
     try:
         try:
-            mode = os.fstat(fd).st_mode & FILE_MODE_BITS
+            info = os.fstat(fd)
+            mode = info.st_mode & FILE_MODE_BITS
             n = os.readv(fd, [view[: min(entry.size + 1, SLICE_BYTES)]])
         except OSError as e:
             raise source_error(e, source) from e
@@ -114,8 +117,9 @@ def copy_buffered(
         target = landing(
             dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root)
         )
-        tmp = os.path.join(dest_root, partial_name(entry.path))
-        out = _create(tmp, target, mode)
+        partial = os.path.join(dest_root, partial_name(entry.path, token))
+        out = _create(partial, target, mode)
+        tmp = partial  # made by this call (O_EXCL): removed if the copy fails
         received = n
         while n:
             _write_all(out, view[:n], target)
@@ -129,9 +133,11 @@ def copy_buffered(
             hasher.update(view[:n])
             received += n
         checksum = _verified(entry, algorithm, hasher, received)
+        if (moved := changed_while_copied(source, info, fd)) is not None:
+            raise moved
         written, out = out, -1
         _publish(written, tmp, target, mode, umask)
-        return Staged(entry.path, received, checksum, entry.path, checksum)
+        return Staged(entry.path, received, checksum, entry.path, checksum, recorded_identity(info))
     except BaseException:
         if out >= 0:
             os.close(out)
@@ -150,6 +156,7 @@ def copy_kernel(
     algorithm: str,
     umask: int | None,
     check: Callable[[], None] = lambda: None,
+    token: str = "",
 ) -> Staged:
     """Copy one file in the kernel, hash the copy's pages, verify against `entry`, then rename.
 
@@ -159,7 +166,7 @@ def copy_kernel(
     runs to the source's end). `check` runs before each slice after the first."""
     source = os.path.join(src_root, entry.path)
     try:
-        fd = os.open(source, _READ)
+        fd = open_regular(source, _READ)
     except OSError as e:
         raise source_error(e, source) from e
     out = -1
@@ -175,8 +182,9 @@ def copy_kernel(
         target = landing(
             dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root)
         )
-        tmp = os.path.join(dest_root, partial_name(entry.path))
-        out = _create(tmp, target, mode, _READ_WRITE)
+        partial = os.path.join(dest_root, partial_name(entry.path, token))
+        out = _create(partial, target, mode, _READ_WRITE)
+        tmp = partial  # made by this call (O_EXCL): removed if the copy fails
         hasher = new_hasher(algorithm)
         copied = 0
         kernel_copy = True
@@ -202,9 +210,11 @@ def copy_kernel(
             if copied > entry.size:
                 break  # the source grew: refused below, without copying the rest
         checksum = _verified(entry, algorithm, hasher, copied)
+        if (moved := changed_while_copied(source, info, fd)) is not None:
+            raise moved
         written, out = out, -1
         _publish(written, tmp, target, mode, umask)
-        return Staged(entry.path, copied, checksum, entry.path, checksum)
+        return Staged(entry.path, copied, checksum, entry.path, checksum, recorded_identity(info))
     except BaseException:
         if out >= 0:
             os.close(out)

@@ -21,6 +21,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.staging.buffered import KERNEL_COPY_MIN_BYTES, copy_buffered, copy_kernel, source_error
 from mlhpc.staging.journal import journal
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry
+from mlhpc.staging.origin import changed_while_copied, open_regular, recorded_identity
 from mlhpc.staging.sink import (
     BUFFER_BYTES,
     BufferPool,
@@ -86,7 +87,9 @@ def copy_file(job: CopyJob, entry: FileEntry, record: bool = True) -> Staged:
                 f"staging source file {source} has {info.st_size} bytes, its listing says {entry.size}; "
                 f"the source changed: regenerate its {MANIFEST_NAME} or stage again"
             )
-        sink = FileSink(job.dest_root, entry, job.options, buffer, mode=info.st_mode)
+        sink = FileSink(
+            job.dest_root, entry, job.options, buffer, mode=info.st_mode, origin=recorded_identity(info)
+        )
         while sink.path != entry.path and (data := os.read(fd, BUFFER_BYTES)):
             sink.write(data)
         if direct and job.read_ahead > 1:
@@ -111,10 +114,12 @@ def copy_file(job: CopyJob, entry: FileEntry, record: bool = True) -> Staged:
                 os.close(fd)  # O_DIRECT refused this read: go on through the page cache
                 fd, direct = _open_source(source, False)
                 os.lseek(fd, sink.received, os.SEEK_SET)
+        if (moved := changed_while_copied(source, info, fd)) is not None:
+            raise moved
         staged = sink.finish()
         sink = None
         if record:
-            journal(job.dest_root).record(staged)
+            journal(job.dest_root, job.options.run_token).record(staged)
         return staged
     except OSError as e:
         raise source_error(e, source) from e
@@ -134,7 +139,7 @@ def copy_chunk(job: CopyJob, entries: Sequence[FileEntry]) -> list[Staged]:
             _check_stopping(job)
             done.append(copy_one(job, entry))
     finally:  # what was renamed into place is journaled, also when a later file fails
-        journal(job.dest_root).record_many(done)
+        journal(job.dest_root, job.options.run_token).record_many(done)
     return done
 
 
@@ -143,7 +148,15 @@ def copy_one(job: CopyJob, entry: FileEntry) -> Staged:
     if job.buffered:
         o = job.options
         copy = copy_kernel if job.kernel_copy and entry.size >= KERNEL_COPY_MIN_BYTES else copy_buffered
-        return copy(job.src_root, job.dest_root, entry, o.algorithm, o.umask, lambda: _check_stopping(job))
+        return copy(
+            job.src_root,
+            job.dest_root,
+            entry,
+            o.algorithm,
+            o.umask,
+            lambda: _check_stopping(job),
+            o.run_token,
+        )
     return copy_file(job, entry, record=False)
 
 
@@ -236,11 +249,11 @@ def _open_source(path: str, direct: bool, sequential: bool = True) -> tuple[int,
     try:
         if direct:
             try:
-                return os.open(path, flags | os.O_DIRECT), True
+                return open_regular(path, flags | os.O_DIRECT), True
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-        fd = os.open(path, flags)
+        fd = open_regular(path, flags)
     except OSError as e:
         raise source_error(e, path) from e
     if sequential and hasattr(os, "posix_fadvise"):

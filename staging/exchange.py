@@ -22,6 +22,7 @@ from mlhpc.staging.buffered import source_error
 from mlhpc.staging.comm import Communicator, lost_peer
 from mlhpc.staging.journal import journal
 from mlhpc.staging.manifest import FileEntry
+from mlhpc.staging.origin import open_regular
 from mlhpc.staging.plan import Exchange, StreamItem
 from mlhpc.staging.sink import BUFFER_BYTES, BufferPool, FileSink, SinkOptions, Staged, staged_path
 
@@ -252,7 +253,7 @@ class FileStreamReader:
             )
             self._path = os.path.join(root, rel)
             try:
-                self._fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._fd = open_regular(self._path)
                 size = os.fstat(self._fd).st_size
             except OSError as e:
                 raise source_error(e, self._path) from e
@@ -342,7 +343,7 @@ class StreamSinks:
         self._offset = 0
 
     def _record(self, staged: Staged) -> None:
-        journal(self.dest_root).record(staged)
+        journal(self.dest_root, self.options.run_token).record(staged)
         self.staged.append(staged)
         self.on_done([staged])
 

@@ -23,6 +23,7 @@ from mlhpc.staging.exchange import (
 )
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import FileEntry, Manifest
+from mlhpc.staging.origin import changed_while_copied, current_identity, open_regular, recorded_identity
 from mlhpc.staging.parallel import run_copies, shape
 from mlhpc.staging.plan import Mode, plan_copies, plan_exchange, rank_files, uses_exchange
 from mlhpc.staging.progress import StageProgress
@@ -77,7 +78,7 @@ def stage_directory(
     """Copy this rank's files from the source, or exchange them with the other nodes."""
     topo = comm.topology
     files = rank_files(manifest, settings.mode, topo)
-    kept = [] if evidence is None else find_staged(dest, files, evidence, settings)
+    kept = [] if evidence is None else find_staged(src, dest, files, evidence, settings)
     have = frozenset(s.source for s in kept)
     if uses_exchange(settings.mode, topo):
         return _exchange_directory(comm, src, dest, files, have, settings) if topo.in_exchange else Work()
@@ -108,17 +109,22 @@ def stage_directory(
 
 
 def find_staged(
-    dest: Path, files: list[FileEntry], evidence: dict[str, Staged], settings: Settings
+    src: Path, dest: Path, files: list[FileEntry], evidence: dict[str, Staged], settings: Settings
 ) -> list[Staged]:
-    """The files a rerun may skip: staged before and still verifying (hashed in parallel).
+    """The files a rerun may skip: staged before from a source file that has not changed since,
+    and still verifying (each source stat'ed and each copy hashed, in parallel).
 
     Each is journaled again, so that the node's manifest lists it even when the evidence was
     only the source manifest (a copy made before journals, or by another tool)."""
+
+    def kept(entry: FileEntry) -> Staged | None:
+        if entry.path not in evidence and not entry.checksum:
+            return None  # nothing to go on: no stat of the source needed
+        return already_staged(dest, entry, evidence, settings.options, current_identity(src / entry.path))
+
     with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-        found = [
-            s for s in pool.map(lambda f: already_staged(dest, f, evidence, settings.options), files) if s
-        ]
-    journal(str(dest)).record_many(found)
+        found = [s for s in pool.map(kept, files) if s]
+    journal(str(dest), settings.options.run_token).record_many(found)
     return found
 
 
@@ -176,6 +182,13 @@ def stage_archive(
     if topo.local_rank != 0:
         return Work()
     sharded = settings.mode == "shard" and topo.num_nodes > 1
+    try:
+        fd = open_regular(src)
+    except OSError as e:
+        raise StagingError(
+            f"cannot read staging source {src} ({e.strerror}); check it and its permissions"
+        ) from e
+    opened = os.fstat(fd)
     extractor = archives.ArchiveExtractor(
         src,
         dest,
@@ -186,19 +199,24 @@ def stage_archive(
         if sharded
         else (lambda p: True),
         workers=settings.workers,
+        origin=recorded_identity(opened),
     )
     total = manifest.total_bytes if manifest is not None else archives.estimated_bytes(src, kind, None)
-    with StageProgress(
-        settings.progress, len(manifest.files) if manifest else 0, total, f"extracting {src.name}"
-    ) as bar:
+    with (
+        StageProgress(
+            settings.progress, len(manifest.files) if manifest else 0, total, f"extracting {src.name}"
+        ) as bar,
+        open(fd, "rb", closefd=True) as handle,
+    ):
         extractor.on_done = bar.advance
         if settings.mode != "copy" and topo.num_nodes > 1 and comm.collective:
             read = _exchange_archive(comm, src, kind, extractor, settings)
         else:
-            with open(src, "rb") as handle:
-                counting = _Counting(handle)
-                extractor.run(counting, kind)
-                read = counting.count
+            counting = _Counting(handle)
+            extractor.run(counting, kind)
+            read = counting.count
+        if (moved := changed_while_copied(str(src), opened, fd)) is not None:
+            raise moved  # what was extracted may mix two archives: nothing is marked staged
     return Work(extractor.written, extractor.skipped, read, held=list(extractor.staged.values()))
 
 
@@ -219,7 +237,7 @@ class _Stripes:
     """This node's stripes of the archive: chunk k of it is read by node k mod N."""
 
     def __init__(self, path: Path, node: int, nodes: int, chunk: int) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd = open_regular(path)
         self.size = os.fstat(self._fd).st_size
         self.node, self.nodes, self.chunk = node, nodes, chunk
         self.read_bytes = 0

@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,13 +177,16 @@ def _c() -> ctypes.CDLL:
 def resident_bytes(path: str) -> tuple[int, int]:
     """(bytes of `path` in the page cache, its size), from `mincore` on a mapping of it, which
     touches no page. (0, size) where it cannot tell."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # judged first and opened non-blocking: a FIFO or device is never waited on (the copy refuses it)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return 0, 0
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return 0, 0
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
+        info = os.fstat(fd)
+        size = info.st_size
+        if size == 0 or not stat.S_ISREG(info.st_mode):
             return 0, 0
         libc = _c()
         addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)

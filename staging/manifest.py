@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +20,15 @@ from typing import Any
 
 import xxhash
 
+from mlhpc.common import safe_json
 from mlhpc.common.errors import StagingError
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.safepath import relative_path
+from mlhpc.staging.origin import SOURCE_FIX, not_regular, open_regular
 
 MANIFEST_NAME = "mlhpc_manifest.json"
+MAX_MANIFEST_BYTES = 4 << 30
+"""About 30 million files at ~130 bytes a line: any real dataset's manifest, not a disk's worth."""
 HASH_ALGORITHMS = ("xxh3_128", "sha256")
 _CHUNK_BYTES = 8 << 20
 
@@ -62,9 +67,11 @@ class Manifest:
         consumer can read or write outside SRC or DEST through one."""
         try:
             where = f"{source}: manifest entry"
+            if not isinstance(data, dict) or not isinstance(data["files"], list):
+                raise TypeError("it is not an object with a list of files")
             files = tuple(_entry(f, where) for f in data["files"])
             algorithm = str(data["algorithm"])
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise StagingError(f"{source}: malformed manifest ({e}); delete it to recompute") from e
         if algorithm not in HASH_ALGORITHMS:
             raise StagingError(f"{source}: unknown checksum algorithm {algorithm!r}; use {HASH_ALGORITHMS}")
@@ -89,10 +96,13 @@ class Manifest:
 
     @classmethod
     def read(cls, path: Path) -> Manifest:
+        """Read and judge a manifest file: never a FIFO or device (refused without blocking),
+        bounded in size and nesting, finite numbers (`safe_json`): a bad one is one line."""
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise StagingError(f"{path}: cannot read manifest ({e}); delete it to recompute") from e
+            data = safe_json.load_file(path, dict, max_bytes=MAX_MANIFEST_BYTES)
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise StagingError(f"{path}: cannot read manifest ({reason}); delete it to recompute") from e
         return cls.from_json(data, path)
 
 
@@ -100,10 +110,16 @@ _FIX = "fix the entry or write the manifest again (mlhpc manifest SRC)"
 
 
 def _entry(f: dict[str, Any], where: str) -> FileEntry:
-    path = f["path"]
+    if not isinstance(f, dict):
+        raise TypeError(f"entry {str(f)[:60]!r} is not an object")
+    path, size, checksum = f["path"], f["size"], f["checksum"]
     if not isinstance(path, str):
         raise TypeError(f"path {path!r} is not a string")
-    entry = FileEntry(relative_path(path, where, _FIX), int(f["size"]), str(f["checksum"]))
+    if not isinstance(size, int) or isinstance(size, bool) or not isinstance(checksum, str):
+        raise TypeError(
+            f"{path!r}: size {str(size)[:40]} or checksum {str(checksum)[:40]} is not of its type"
+        )
+    entry = FileEntry(relative_path(path, where, _FIX), size, checksum)
     if entry.size < 0:
         raise ValueError(f"{path!r} has a negative size")
     return entry
@@ -117,10 +133,12 @@ def new_hasher(algorithm: str) -> Any:
     raise StagingError(f"unknown checksum algorithm {algorithm!r}; use one of {HASH_ALGORITHMS}")
 
 
-def hash_file(path: Path, algorithm: str = "xxh3_128") -> str:
+def hash_file(path: Path, algorithm: str = "xxh3_128", fix: str = SOURCE_FIX) -> str:
+    """The checksum of a regular file; a FIFO or device is refused (naming it and `fix`) without
+    blocking (`origin.open_regular`)."""
     hasher = new_hasher(algorithm)
     try:
-        with open(path, "rb") as handle:
+        with open(open_regular(path, fix=fix), "rb", closefd=True) as handle:
             while chunk := handle.read(_CHUNK_BYTES):
                 hasher.update(chunk)
     except OSError as e:
@@ -133,7 +151,8 @@ def list_dataset_files(root: Path) -> list[str]:
 
     A symlinked directory is not entered (`os.walk` does not follow links), so the walk stays
     under `root`; a symlinked file is listed, as the dataset's owner made it. Each name is
-    judged like a manifest's, so a name no manifest could hold is refused here already."""
+    judged like a manifest's, so a name no manifest could hold is refused here already, and so is
+    a FIFO, socket or device (judged by its type, never opened: opening a FIFO blocks)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -142,7 +161,18 @@ def list_dataset_files(root: Path) -> list[str]:
                 continue
             rel = Path(dirpath, name).relative_to(root).as_posix()
             found.append(relative_path(rel, f"{root}: file", "rename it, or stage a copy without it"))
+            _refuse_special(os.path.join(dirpath, name))
     return sorted(found)
+
+
+def _refuse_special(path: str) -> None:
+    """A listed name that is not a regular file (links followed) is refused in one line."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise StagingError(f"{path}: cannot stat ({e.strerror}); check the file") from e
+    if not stat.S_ISREG(mode):
+        raise not_regular(path, mode, SOURCE_FIX)
 
 
 def scan_dataset(root: Path, algorithm: str = "xxh3_128") -> Manifest:
@@ -166,7 +196,8 @@ def build_manifest(
     names = list(files) if files is not None else list_dataset_files(root)
 
     def entry(name: str) -> FileEntry:
-        return FileEntry(name, (root / name).stat().st_size, hash_file(root / name, algorithm))
+        checksum = hash_file(root / name, algorithm)  # judges the file's type before opening it
+        return FileEntry(name, (root / name).stat().st_size, checksum)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return Manifest(algorithm, tuple(pool.map(entry, names)))

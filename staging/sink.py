@@ -60,6 +60,10 @@ class SinkOptions:
     umask: int | None = None
     """The umask staging runs under (None: unknown). A staged file keeps its source's mode; only
     when the umask strips some of its bits does that take a `fchmod` more."""
+    run_token: str = ""
+    """This staging's token, recorded in DEST before any temporary file is made and carried in
+    every temporary file's name: a later run removes a temporary file only when its name carries
+    a token DEST's bookkeeping records (`partial_name`), never a user's file of a similar name."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class Staged:
     checksum: str
     source: str
     source_checksum: str
+    origin: str = ""
+    """The source file's identity when it was copied (`origin.identity`; for an archive member,
+    the archive's); "" when not known (a rerun then keeps the copy only on a manifest's checksum)."""
 
     @property
     def entry(self) -> FileEntry:
@@ -83,9 +90,11 @@ def staged_path(source_path: str, options: SinkOptions) -> str:
     return source_path
 
 
-def partial_name(target: str) -> str:
+def partial_name(target: str, token: str = "") -> str:
+    """The temporary name `target` is written under: `.name.<token>.mlhpc-partial` beside it."""
     head, _, name = target.rpartition("/")
-    return f"{head}/.{name}{PARTIAL_SUFFIX}" if head else f".{name}{PARTIAL_SUFFIX}"
+    name = f".{name}.{token}{PARTIAL_SUFFIX}" if token else f".{name}{PARTIAL_SUFFIX}"
+    return f"{head}/{name}" if head else name
 
 
 def align_up(n: int) -> int:
@@ -136,15 +145,17 @@ class FileSink:
         options: SinkOptions,
         buffer: mmap.mmap,
         mode: int | None = None,
+        origin: str = "",
     ) -> None:
         self.source = source
+        self.origin = origin
         self.mode = None if mode is None else mode & FILE_MODE_BITS
         self._umask = options.umask
         self.path = staged_path(source.path, options)
         # A folder on the way that is a symlink (planted, or an earlier copy's) could lead out of DEST.
         known = checked_dirs(dest_root)
         self.target = landing(dest_root, self.path, f"staging into {dest_root}:", _LINK_FIX, known)
-        self.tmp = os.path.join(dest_root, partial_name(self.path))
+        self.tmp = os.path.join(dest_root, partial_name(self.path, options.run_token))
         self._direct = options.direct_io
         self._algorithm = options.algorithm
         self.buffer = buffer
@@ -155,10 +166,12 @@ class FileSink:
         self._in_hash = new_hasher(options.algorithm)
         self._decoder = _Decoder(source.path) if self.path != source.path else None
         self._out_hash = new_hasher(options.algorithm) if self._decoder else self._in_hash
+        self._fd = -1
         self._fd = self._open()
 
     def _open(self) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW  # no planted link
+        # A new file, never one that is there (planted, or a user's), and never through a link.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
         mode = DEFAULT_FILE_MODE if self.mode is None else self.mode
         try:
             try:
@@ -227,13 +240,21 @@ class FileSink:
             piece = view[at : min(n, at + step)]
             self._out_hash.update(piece)
             length = align_up(len(piece)) if self._direct else len(piece)
-            try:
-                written = os.pwrite(self._fd, view[at : at + length], self._flushed)
-                if written != length:
-                    raise OSError(errno.EIO, f"short write ({written} of {length} bytes)")
-            except OSError as e:
-                raise write_error(e, self.target) from e
+            self._write_fully(view[at : at + length], self._flushed)
             self._flushed += len(piece)
+
+    def _write_fully(self, data: memoryview, offset: int) -> None:
+        """pwrite all of `data`: a write cut short (a disk that fills takes what fits) goes on,
+        so that the error the disk gives next (ENOSPC: disk full) is the one reported."""
+        done = 0
+        try:
+            while done < len(data):
+                written = os.pwrite(self._fd, data[done:], offset + done)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, "no space left on device")
+                done += written
+        except OSError as e:
+            raise write_error(e, self.target) from e
 
     def finish(self) -> Staged:
         """Flush, check size and checksum against the source entry, rename into place."""
@@ -269,9 +290,10 @@ class FileSink:
             self.abort()
             raise write_error(e, self.target) from e
         out = self._out_hash.hexdigest() if self._decoder else checksum
-        return Staged(self.path, self._flushed, out, self.source.path, checksum)
+        return Staged(self.path, self._flushed, out, self.source.path, checksum, self.origin)
 
     def abort(self) -> None:
+        """Remove the temporary file this sink made (O_EXCL: it is this process's own)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -332,8 +354,11 @@ def supports_direct_io(directory: str) -> bool:
         return False
     probe = os.path.join(directory, f".mlhpc-direct-probe-{os.getpid()}")
     buffer = mmap.mmap(-1, ALIGN)
+    made = False
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        # O_EXCL: a file of that name that is there already (a user's) is neither written nor removed.
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_DIRECT, 0o644)
+        made = True
         try:
             os.pwrite(fd, buffer, 0)
         finally:
@@ -343,8 +368,9 @@ def supports_direct_io(directory: str) -> bool:
         return False
     finally:
         buffer.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(probe)
+        if made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(probe)
 
 
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})

@@ -149,7 +149,8 @@ def _serve() -> None:
             try:
                 work = chunks(entries, max(1, job.threads))
                 staged = [s for done in pool.map(lambda chunk: copy_chunk(job, chunk), work) for s in done]
-                journal(job.dest_root).flush()  # journaled before reported: a reply is a promise
+                # journaled before reported: a reply is a promise
+                journal(job.dest_root, job.options.run_token).flush()
                 reply = {"staged": [list(asdict(s).values()) for s in staged]}
             except (StagingError, OSError) as e:
                 reply = {"error": str(e)}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from mlhpc.staging import journal as journal_module
 from mlhpc.staging.copy import TAIL_PIECE_BYTES, CopyJob, copy_file, read_spans
 from mlhpc.staging.journal import JOURNAL_BATCH, Journal, close_journal, read_journals
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
+from mlhpc.staging.origin import RACY_NS
 from mlhpc.staging.parallel import MAX_READ_AHEAD, read_ahead_depth, run_copies
 from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_exchange, plan_node_copies, rank_files
 from mlhpc.staging.sink import (
@@ -108,8 +110,15 @@ def test_source_manifest_is_used_and_checked(source: Path, tmp_path: Path) -> No
     assert not (tmp_path / "dest" / "train" / "f1.bin").exists()  # never renamed into place
 
 
+def settle() -> None:
+    """Let the source's files age past `RACY_NS`: a copy of a file changed just before records
+    no identity, and a rerun copies it again (the rerun tests here count the files kept)."""
+    time.sleep(2 * RACY_NS / 1e9)
+
+
 def test_corrupted_staged_file_is_detected_and_replaced_on_rerun(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
+    settle()
     stage_dataset(source, dest)
     victim = dest / "validation" / "f2.bin"
     data = bytearray(victim.read_bytes())
@@ -196,6 +205,7 @@ def test_half_staged_directory_is_not_taken_for_whole(source: Path, tmp_path: Pa
 
 def test_restaging_replaces_a_stale_copy(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
+    settle()
     stage_dataset(source, dest)
     (dest / "train" / "f1.bin").write_bytes(b"stale")
     report = stage_dataset(source, dest)
@@ -510,6 +520,7 @@ def test_staged_copies_keep_the_source_modes_whatever_the_umask(
     src = private_source(tmp_path / "src")
     dest = tmp_path / "dest"
     umask(mask)
+    settle()
     stage_dataset(src, dest, processes=processes, workers=2)
     modes = {p: (dest / p).stat().st_mode & 0o7777 for p in ("private", "public", "frozen")}
     assert modes == {"private": 0o700, "public": 0o755, "frozen": 0o755}  # a rerun must write there
@@ -603,9 +614,9 @@ def test_a_destination_with_only_a_lock_file_is_fresh(tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / ".mlhpc.lock").write_text("{}\n")
-    assert prepare_destination(dest, 0)
+    assert prepare_destination(dest, 0, "0123456789ab")
     (dest / "x").write_text("")
-    assert not prepare_destination(dest, 0)
+    assert not prepare_destination(dest, 0, "0123456789ab")
 
 
 def test_bad_counts_are_refused(source: Path, tmp_path: Path) -> None:

@@ -127,10 +127,11 @@ def write_manifest(src: Path, workers: int) -> int:
 
 def verify(dest: Path, workers: int = VERIFY_WORKERS) -> int:
     """Re-hash `dest` against its manifest; a mismatch raises, naming the file (no lock needed)."""
-    from mlhpc.staging import verify_staged
+    from mlhpc.staging.stage import verify_report
 
-    count = verify_staged(dest, workers=workers)
+    count, source = verify_report(dest, workers=workers)
     print(f"{dest}: {count} files verified")
+    print(source)
     return 0
 
 
@@ -188,6 +189,12 @@ def _stage(args: argparse.Namespace) -> int:
     finally:
         comm.close()
     if comm.rank == 0:
+        for warning in report.warnings:
+            print(f"mlhpc: warning: {warning}", file=sys.stderr)
+        if report.checked_by == "identity" and report.skipped_files:
+            from mlhpc.staging.stage import IDENTITY_PROMISE
+
+            print(f"{args.src} has no manifest: {IDENTITY_PROMISE}; mlhpc manifest {args.src} adds checksums")
         rate = report.bytes / max(report.seconds, 1e-9) / 1e6
         print(
             f"staged {report.files} files, {report.bytes} bytes to {report.dest} in {report.seconds:.2f} s "
