@@ -17,6 +17,7 @@ from rich.text import Text
 
 from mlhpc.common.errors import MlhpcError, SubmissionError
 from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.printable import shown
 from mlhpc.results_store import (
     add_reports,
     entry_name,
@@ -64,15 +65,19 @@ def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, c
             raise MlhpcError(f"{e}{fix}") from e
         kind = origin_of(Path(report.root), origin)
         reports.append((report, kind))
-        console.print(Text(f"{report.root}: {len(report.entries)} entries, ruleset {report.ruleset}, {kind}"))
+        console.print(
+            Text(shown(f"{report.root}: {len(report.entries)} entries, ruleset {report.ruleset}, {kind}"))
+        )
     checked = time.perf_counter()
     with open_store(db, create=True) as connection:
         added = add_reports(connection, reports)
     done = time.perf_counter()
     console.print(
         Text(
-            f"stored {added.entries} entries ({added.replaced} replaced), {added.runs} runs in {db}: "
-            f"{done - started:.1f} s (checks {checked - started:.1f} s, store {done - checked:.2f} s)"
+            shown(
+                f"stored {added.entries} entries ({added.replaced} replaced), {added.runs} runs in {db}: "
+                f"{done - started:.1f} s (checks {checked - started:.1f} s, store {done - checked:.2f} s)"
+            )
         )
     )
     return 0
@@ -114,13 +119,13 @@ HEADERS_MORE = ("samples/s/accel.", "staging share", "epochs", "energy kWh")
 
 
 def entries_table(title: str, entries: Sequence[dict[str, Any]], mark: int | None = None) -> Table:
-    table = Table(title=Text(title))
+    table = Table(title=Text(shown(title)))
     for name in HEADERS[:6]:
         table.add_column(name)
     for name in (*HEADERS[6:], *HEADERS_MORE):
         table.add_column(name, justify="right")
     for e in entries:
-        table.add_row(*(Text(v) for v in _row(e)), style="bold" if e["id"] == mark else "")
+        table.add_row(*(Text(shown(v)) for v in _row(e)), style="bold" if e["id"] == mark else "")
     return table
 
 
@@ -131,23 +136,76 @@ def list_command(db: Path, benchmark: str | None, console: Console) -> int:
     return 0
 
 
-def compare_command(db: Path, name: str, report_dir: Path | None, console: Console) -> int:
-    """The entry `name` first, then the published entries of its benchmark."""
+SCALE_RATIO = 10.0
+"""Entries whose accelerators per model differ by this factor or more are not compared by default."""
+
+
+def unlike(entry: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """Why `other` is no like-for-like comparison for `entry` (empty when it is one): accelerators an
+    order of magnitude apart (or unknown), a smoke configuration on either side, other scaling."""
+    reasons = []
+    ours, theirs = entry["accelerators"], other["accelerators"]
+    if not ours or not theirs:
+        reasons.append("accelerators unknown")
+    elif max(ours, theirs) / min(ours, theirs) >= SCALE_RATIO:
+        reasons.append(f"{theirs} accelerators vs {ours}")
+    if other["rcp_verdict"] == "smoke":
+        reasons.append("smoke config (mini)")
+    elif entry["rcp_verdict"] == "smoke":
+        reasons.append("this entry is a smoke config (mini)")
+    if other["scaling"] != entry["scaling"]:
+        reasons.append(f"{other['scaling']} scaling")
+    return reasons
+
+
+def compare_table(
+    title: str, entry: dict[str, Any], others: Sequence[tuple[dict[str, Any], list[str]]]
+) -> Table:
+    """entries_table with a last column saying why a row is unlike the entry."""
+    table = entries_table(title, [])
+    table.add_column("unlike because")
+    own = "smoke config (mini)" if entry["rcp_verdict"] == "smoke" else "this entry"
+    table.add_row(*(Text(shown(v)) for v in [*_row(entry), own]), style="bold")
+    for other, reasons in others:
+        table.add_row(*(Text(shown(v)) for v in [*_row(other), "; ".join(reasons)]))
+    return table
+
+
+def compare_command(
+    db: Path, name: str, report_dir: Path | None, console: Console, show_all: bool = False
+) -> int:
+    """The entry `name` first, then the published entries of its benchmark of like scale and
+    configuration (`show_all`: every one, the unlike ones marked with why)."""
     with open_store(db, create=False) as connection:
         entry = find_entry(connection, name, db)
-        others = fetch_entries(
+        published = fetch_entries(
             connection,
             "benchmark = ? AND origin = 'published' AND id != ?",
             (entry["benchmark"], entry["id"]),
         )
-    title = f"{entry_name(entry)} against {len(others)} published {entry['benchmark']} entries"
-    console.print(entries_table(title, [entry, *others], mark=entry["id"]))
-    if not others:
+    marked = [(other, unlike(entry, other)) for other in published]
+    shown_rows = marked if show_all else [(o, r) for o, r in marked if not r]
+    left_out = len(marked) - len(shown_rows)
+    kind = "published" if show_all else "like published"
+    title = f"{entry_name(entry)} against {len(shown_rows)} {kind} {entry['benchmark']} entries"
+    console.print(compare_table(title, entry, shown_rows))
+    if left_out:
+        why = sorted({reason for _, reasons in marked for reason in reasons})
         console.print(
-            Text(f"no published {entry['benchmark']} entry in {db}; add a round: mlhpc results add DIR")
+            Text(
+                shown(
+                    f"{left_out} published entries of unlike scale or config left out ({'; '.join(why)}); --all shows them, marked"
+                )
+            )
+        )
+    if not published:
+        console.print(
+            Text(
+                shown(f"no published {entry['benchmark']} entry in {db}; add a round: mlhpc results add DIR")
+            )
         )
     if report_dir is not None:
-        console.print(Text(f"wrote {write_compare_report(entry, others, Path(report_dir))}"))
+        console.print(Text(shown(f"wrote {write_compare_report(entry, shown_rows, Path(report_dir))}")))
     return 0
 
 
@@ -164,7 +222,7 @@ def _plot(entry: dict[str, Any], others: Sequence[dict[str, Any]]) -> Any:
                 (e["accelerators"], e[column]) for e in others if _round(e) == name and _plottable(e, column)
             ]
             if points:
-                ax.scatter(*zip(*points, strict=True), label=name, color=f"C{number}", alpha=0.75)
+                ax.scatter(*zip(*points, strict=True), label=_label(name), color=f"C{number}", alpha=0.75)
         if _plottable(entry, column):
             ax.scatter(
                 [entry["accelerators"]],
@@ -173,7 +231,7 @@ def _plot(entry: dict[str, Any], others: Sequence[dict[str, Any]]) -> Any:
                 s=260,
                 color="red",
                 edgecolor="black",
-                label=f"{entry['system']} (id {entry['id']})",
+                label=_label(f"{entry['system']} (id {entry['id']})"),
                 zorder=3,
             )
         ax.set_xscale("log")
@@ -187,8 +245,13 @@ def _plot(entry: dict[str, Any], others: Sequence[dict[str, Any]]) -> Any:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             shown.setdefault(label, handle)
     axes[-1].legend(list(shown.values()), list(shown), fontsize=8)
-    fig.suptitle(f"{entry['benchmark']}: {entry_name(entry)} against the published entries")
+    fig.suptitle(_label(f"{entry['benchmark']}: {entry_name(entry)} against the published entries"))
     return fig
+
+
+def _label(text: str) -> str:
+    """A name in a plot: shown as data, its `$` not taken for mathtext."""
+    return shown(text).replace("$", r"\$")
 
 
 def _plottable(e: dict[str, Any], column: str) -> bool:
@@ -196,23 +259,43 @@ def _plottable(e: dict[str, Any], column: str) -> bool:
     return value is not None and math.isfinite(value) and scale is not None and scale > 0
 
 
-def write_compare_report(entry: dict[str, Any], others: Sequence[dict[str, Any]], folder: Path) -> Path:
-    """folder/compare.png and folder/index.html (the table and the plot inline; no downloads)."""
+def _e(text: object) -> str:
+    """Text from outside in a page: control and bidi characters escaped, then HTML-escaped."""
+    return html.escape(shown(text))
+
+
+PAGE_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:2em;color:#222;overflow-wrap:anywhere}"
+    ".wide{max-width:100%;overflow-x:auto}table{border-collapse:collapse}"
+    "td,th{border:1px solid #ccc;padding:.2em .5em;overflow-wrap:anywhere}"
+    "tr.mark td{font-weight:bold;background:#fee}tr.unlike td{color:#888}"
+    "img,svg{max-width:100%;height:auto}"
+)
+"""Fits a 1200 px window: a table wider than the page scrolls inside its box, the plot shrinks."""
+
+
+def write_compare_report(
+    entry: dict[str, Any], rows: Sequence[tuple[dict[str, Any], list[str]]], folder: Path
+) -> Path:
+    """folder/compare.png and folder/index.html (the table and the plot inline; no downloads).
+    `rows`: the published entries shown, each with why it is unlike `entry` (empty: like)."""
     from mlhpc.common.plots import write_png
 
-    png = write_png(_plot(entry, others), folder / PLOT_NAME)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in (*HEADERS, *HEADERS_MORE))
-    rows = "".join(
-        f"<tr{' class=mark' if e is entry else ''}>{''.join(f'<td>{html.escape(v)}</td>' for v in _row(e))}</tr>"
-        for e in [entry, *others]
+    png = write_png(_plot(entry, [other for other, _ in rows]), folder / PLOT_NAME)
+    head = "".join(f"<th>{_e(h)}</th>" for h in (*HEADERS, *HEADERS_MORE, "unlike because"))
+    own = "smoke config (mini)" if entry["rcp_verdict"] == "smoke" else "this entry"
+    lines = [("mark", [*_row(entry), own])]
+    lines += [("unlike" if reasons else "", [*_row(other), "; ".join(reasons)]) for other, reasons in rows]
+    body = "".join(
+        f"<tr{f' class={cls}' if cls else ''}>{''.join(f'<td>{_e(v)}</td>' for v in cells)}</tr>"
+        for cls, cells in lines
     )
     image = base64.b64encode(png.read_bytes()).decode()
-    title = html.escape(f"{entry_name(entry)} against the published {entry['benchmark']} entries")
+    title = _e(f"{entry_name(entry)} against the published {entry['benchmark']} entries")
     page = (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>'
-        "body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:.2em .5em}tr.mark td{font-weight:bold;background:#fee}"
-        f"</style></head><body><h1>{title}</h1><table><tr>{head}</tr>{rows}</table>"
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{PAGE_STYLE}</style></head><body><h1>{title}</h1>"
+        f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
         f'<p><img alt="comparison plot" src="data:image/png;base64,{image}"></p></body></html>\n'
     )
     return atomic_write_text(folder / REPORT_NAME, page)

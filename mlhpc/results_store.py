@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import sqlite3
 import statistics
@@ -18,6 +19,7 @@ from typing import Any
 
 from mlhpc.common import safe_read
 from mlhpc.common.errors import MlhpcError
+from mlhpc.common.printable import shown
 from mlhpc.submission_checker.report import CheckReport, EntryReport, RunReport
 
 DB_ENV = "MLHPC_RESULTS_DB"
@@ -291,14 +293,54 @@ def add_reports(connection: sqlite3.Connection, reports: Sequence[tuple[CheckRep
     return Added(entries, replaced, runs)
 
 
+INTEGER_COLUMNS = frozenset(
+    {"id", "nodes", "accelerators", "num_models", "runs", "pruned_runs", "errors", "warnings"}
+)
+TEXT_COLUMNS = frozenset({*IDENTITY, "division", "source", "rcp_verdict", "added_at"})
+NOT_NULL = frozenset({"id", *IDENTITY, "source", "runs", "pruned_runs", "errors", "warnings", "added_at"})
+
+
+def _unwritten(column: str, value: Any) -> str | None:
+    """Why `value` in `column` is not what `add_reports` writes (SQLite keeps any type in any
+    column, and `1e400` as infinity), or None when it could be."""
+    if value is None:
+        return "empty" if column in NOT_NULL else None
+    if column in TEXT_COLUMNS:
+        return None if isinstance(value, str) else f"{type(value).__name__} {value!r}, not text"
+    if column in INTEGER_COLUMNS:
+        ok = isinstance(value, int) and 0 <= value < 2**53
+        return None if ok else f"{value!r}, not a count"
+    if not isinstance(value, (int, float)):
+        return f"{type(value).__name__} {shown(value)[:40]!r}, not a number"
+    return None if math.isfinite(value) and value >= 0 else f"{value!r}, not a finite number ≥ 0"
+
+
+def _checked(row: sqlite3.Row, db: str) -> dict[str, Any]:
+    """The row as a dict, or one MlhpcError naming the file, the entry and the column that no
+    mlhpc wrote (a hand-edited or damaged store)."""
+    entry = dict(row)
+    for column, value in entry.items():
+        why = _unwritten(column, value)
+        if why is None and column == "origin" and value not in ORIGINS:
+            why = f"{shown(value)!r}, not one of {', '.join(ORIGINS)}"
+        if why is not None:
+            raise MlhpcError(
+                f"results store {shown(db)}: entry {shown(entry.get('id'))}'s {column} is {why}; mlhpc never "
+                f"writes that, the file was changed by hand or damaged: {_fix(Path(db))}, then add again"
+            )
+    return entry
+
+
 def fetch_entries(
     connection: sqlite3.Connection, where: str = "", args: Sequence[Any] = ()
 ) -> list[dict[str, Any]]:
-    """Entries as dicts (with their id), ordered by benchmark, ruleset, submitter, system, scaling."""
+    """Entries as dicts (with their id), ordered by benchmark, ruleset, submitter, system, scaling;
+    a value mlhpc never writes (text for a number, infinity, a negative count) is one MlhpcError."""
     connection.row_factory = sqlite3.Row
     order = " ORDER BY benchmark, ruleset, submitter, system, scaling"
     query = f"SELECT * FROM entries {f'WHERE {where}' if where else ''}{order}"
-    return [dict(row) for row in connection.execute(query, list(args))]
+    db = connection.execute("PRAGMA database_list").fetchone()["file"]
+    return [_checked(row, db) for row in connection.execute(query, list(args))]
 
 
 def find_entry(connection: sqlite3.Connection, name: str, db: Path) -> dict[str, Any]:
@@ -313,11 +355,11 @@ def find_entry(connection: sqlite3.Connection, name: str, db: Path) -> dict[str,
         return found[0]
     if not found:
         raise MlhpcError(
-            f"no entry {name!r} in {db}; pass an id or submitter/system/scaling/benchmark "
+            f"no entry '{shown(name)}' in {shown(db)}; pass an id or submitter/system/scaling/benchmark "
             "(see mlhpc results list)"
         )
-    names = ", ".join(f"{e['id']} ({entry_name(e)})" for e in found[:10])
-    raise MlhpcError(f"{name!r} matches {len(found)} entries in {db}: {names}; pass one id")
+    names = ", ".join(f"{e['id']} ({shown(entry_name(e))})" for e in found[:10])
+    raise MlhpcError(f"'{shown(name)}' matches {len(found)} entries in {shown(db)}: {names}; pass one id")
 
 
 def _matches(entry: dict[str, Any], parts: list[str]) -> bool:

@@ -220,9 +220,9 @@ def _gather(root: Path) -> tuple[list[EntryDir], dict[SystemKey, SystemDesc], li
     return entries, systems, findings
 
 
-def _choose_ruleset(ruleset: str | None, files: Sequence[Path], root: Path) -> RulesetChoice:
+def _choose_ruleset(ruleset: str | None, files: Sequence[Path], root: Path, reason: str) -> RulesetChoice:
     if ruleset is not None:
-        return RulesetChoice(validate_ruleset(ruleset), "--ruleset")
+        return RulesetChoice(validate_ruleset(ruleset), reason)
     sniffs = [sniff_log(p) for p in files if refusal(str(p)) is None]
     # The round folder's name: the root itself, or the folder holding the organisation checked.
     names = [root.name, root.parent.name] if (root / "results").is_dir() else [root.name]
@@ -236,10 +236,17 @@ def _refused_link(path: Path, why: str) -> LogAnalysis:
     )
 
 
-def check_submission(path: Path | str, *, ruleset: str | None = None, jobs: int | None = None) -> CheckReport:
+def check_submission(
+    path: Path | str,
+    *,
+    ruleset: str | None = None,
+    jobs: int | None = None,
+    ruleset_reason: str = "--ruleset",
+) -> CheckReport:
     """Check and score one organisation's folder or a folder of organisations; never writes.
 
-    `ruleset` None detects it from the logs. Raises SubmissionError when `path` is not a folder,
+    `ruleset` None detects it from the logs; a given one is reported as coming from
+    `ruleset_reason` (the option that named it, or "mlhpc run's campaign ruleset"). Raises SubmissionError when `path` is not a folder,
     holds no results, or `ruleset` is unknown; everything wrong inside the submission is a
     Finding in the report.
     """
@@ -253,7 +260,7 @@ def check_submission(path: Path | str, *, ruleset: str | None = None, jobs: int 
     files = [p for e in entries for p in (*e.result_files, *e.pruned_files)]
     links = {str(p): why for p in files if (why := link_out(p, root)) is not None}
     readable = [p for p in files if str(p) not in links]
-    choice = _choose_ruleset(ruleset, readable, root)
+    choice = _choose_ruleset(ruleset, readable, root, ruleset_reason)
     analyses = analyse_logs(readable, choice.ruleset, jobs)
     analyses.update({name: _refused_link(Path(name), why) for name, why in links.items()})
     reports = tuple(

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from mlhpc.common.errors import MlhpcError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
+from mlhpc.common.printable import shown
 
 from .check import check_submission
 from .export import report_csv
@@ -23,6 +24,8 @@ EXIT_ERRORS = 1
 EXIT_CANNOT_RUN = 2
 
 WIDTH_WHEN_PIPED = 160
+CAMPAIGN_RULESET = "mlhpc run's campaign ruleset, from campaign.json"
+"""The ruleset's origin when `mlhpc run` checks its own campaign (it passes no --ruleset)."""
 _STYLE = {"error": "bold red", "warning": "yellow"}
 
 
@@ -52,12 +55,13 @@ def _rcp(entry: EntryReport) -> str:
     if entry.rcp is None:
         return "-"
     factor = f" ×{entry.rcp_scaling_factor:.4f}" if entry.rcp_scaling_factor != 1.0 else ""
-    return entry.rcp.verdict + factor
+    verdict = "smoke, no RCP" if entry.rcp.verdict == "smoke" else entry.rcp.verdict
+    return verdict + factor
 
 
 def report_table(report: CheckReport) -> Table:
     """One row per entry: who, where, how many runs, the scores and how many findings."""
-    title = f"MLPerf HPC check of {report.root} (ruleset {report.ruleset}, {report.ruleset_reason})"
+    title = shown(f"MLPerf HPC check of {report.root} (ruleset {report.ruleset}, {report.ruleset_reason})")
     table = Table(title=Text(title))
     for name in ("submitter", "system", "scaling", "benchmark", "runs"):
         table.add_column(name)
@@ -67,7 +71,7 @@ def report_table(report: CheckReport) -> Table:
     for e in report.entries:
         per_min = "-" if e.models_per_min is None else f"{e.models_per_min:.4f}"
         table.add_row(
-            *(Text(v) for v in (e.submitter, e.system, e.scaling, e.benchmark, _runs(e))),
+            *(Text(shown(v)) for v in (e.submitter, e.system, e.scaling, e.benchmark, _runs(e))),
             _minutes(e.score_raw_min),
             _rcp(e),
             _minutes(e.score_min),
@@ -89,8 +93,10 @@ def flops_lines(report: CheckReport) -> list[Text]:
             achieved, valid, runs = flops
             lines.append(
                 Text(
-                    f"{e.submitter}/{e.system}/{e.scaling}/{e.benchmark}: achieved {achieved:.4g} FLOP/s, "
-                    f"Valid FLOPS {valid:.4g} (HPC AI500; mean of {runs} compliant run(s))"
+                    shown(
+                        f"{e.submitter}/{e.system}/{e.scaling}/{e.benchmark}: achieved {achieved:.4g} FLOP/s, "
+                        f"Valid FLOPS {valid:.4g} (HPC AI500; mean of {runs} compliant run(s))"
+                    )
                 )
             )
     return lines
@@ -106,14 +112,15 @@ def energy_lines(report: CheckReport) -> list[Text]:
         text = f"{e.submitter}/{e.system}/{e.scaling}/{e.benchmark}: {what} {e.energy_j / 3.6e6:.6g} kWh"
         if e.models_per_kwh is not None:
             text += f"; {e.models_per_kwh:.6g} models per kWh"
-        lines.append(Text(text))
+        lines.append(Text(shown(text)))
     return lines
 
 
 def finding_line(finding: Finding) -> Text:
-    """`severity path:line rule: message`, the severity coloured."""
+    """`severity path:line rule: message`, the severity coloured; every character from outside
+    (a folder's name, a log's text) shown as data, so the line is one line."""
     text = Text(finding.severity, style=_STYLE.get(finding.severity, ""))
-    text.append(finding.format()[len(finding.severity) :])
+    text.append(shown(finding.format()[len(finding.severity) :]))
     return text
 
 
@@ -145,13 +152,21 @@ def write_outputs(report: CheckReport, outputs: dict[str, Path | None], out: Con
     root = Path(report.root)
     for kind, path in outputs.items():
         if path is not None and _inside(path, root):
-            raise MlhpcError(f"--{kind} {path} is inside the checked folder; the check never writes there")
+            raise MlhpcError(
+                f"--{kind} {shown(path)} is inside the checked folder; pass a path outside it "
+                "(the check never writes into a submission)"
+            )
     if outputs.get("json") is not None:
-        out.print(Text(f"wrote {atomic_write_json(outputs['json'], report.to_json())}"))
+        out.print(Text(f"wrote {shown(atomic_write_json(outputs['json'], report.to_json()))}"))
     if outputs.get("csv") is not None:
-        out.print(Text(f"wrote {atomic_write_text(outputs['csv'], report_csv(report))}"))
+        out.print(Text(f"wrote {shown(atomic_write_text(outputs['csv'], report_csv(report)))}"))
     if outputs.get("report") is not None:
-        out.print(Text(f"wrote {write_html_report(report, outputs['report'])}"))
+        out.print(Text(f"wrote {shown(write_html_report(report, outputs['report']))}"))
+
+
+def error_line(message: str) -> str:
+    """`mlhpc: error: ...` as every other command says it: one line, names shown as data."""
+    return f"mlhpc: error: {shown(message.strip())}"
 
 
 def check_command(
@@ -163,10 +178,12 @@ def check_command(
     report_dir: Path | None = None,
     jobs: int | None = None,
     console: Console | None = None,
+    ruleset_reason: str = "--ruleset",
 ) -> int:
     """Check `path`, print the table and every finding, write the outputs the user names.
 
-    `ruleset` None detects it from the logs. Returns 0 when there is no error finding
+    `ruleset` None detects it from the logs; a given one is labelled with `ruleset_reason`, where
+    it came from (`mlhpc run` passes CAMPAIGN_RULESET). Returns 0 when there is no error finding
     (warnings allowed), 1 when there is one, 2 when the check could not run (no such folder,
     no results, unknown ruleset, an output not writable or inside the submission). Nothing is
     written into the submission.
@@ -176,13 +193,14 @@ def check_command(
         out.width = WIDTH_WHEN_PIPED  # a log file has room; rich would squeeze into 80
     err = Console(stderr=True, highlight=False)
     try:
-        report = check_submission(path, ruleset=ruleset, jobs=jobs)
+        report = check_submission(path, ruleset=ruleset, jobs=jobs, ruleset_reason=ruleset_reason)
         print_report(report, out)
         write_outputs(report, {"json": json_path, "csv": csv_path, "report": report_dir}, out)
     except MlhpcError as e:
-        err.print(Text(f"error: {e}"), soft_wrap=True)
+        err.print(Text(error_line(str(e))), soft_wrap=True)
         return EXIT_CANNOT_RUN
     except OSError as e:
-        err.print(Text(f"error: cannot write {e.filename}: {e.strerror or e}"), soft_wrap=True)
+        why = f"cannot write {e.filename}: {e.strerror or e}; pass a writable path"
+        err.print(Text(error_line(why)), soft_wrap=True)
         return EXIT_CANNOT_RUN
     return EXIT_ERRORS if report.has_errors else EXIT_OK

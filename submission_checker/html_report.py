@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.printable import shown
 
 from .energy import J_PER_KWH
 from .findings import Finding
@@ -34,12 +35,17 @@ COLOURS = (
     "#17becf",
 )
 _TARGET = re.compile(r"v\['value'\]\s*(<=|>=|<|>)\s*([0-9.eE+-]+)")
+# Fits a 1200 px window: long paths and messages wrap inside their cell, a table still wider than
+# the page scrolls inside its own box (.wide), plots shrink to the page's width.
 STYLE = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
+body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222;overflow-wrap:anywhere}
+.wide{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}
-td.n{text-align:right;font-variant-numeric:tabular-nums}tr.dropped td{color:#999;text-decoration:line-through}
+td,th,code{overflow-wrap:anywhere}
+td.n{text-align:right;font-variant-numeric:tabular-nums;overflow-wrap:normal;white-space:nowrap}
+tr.dropped td{color:#999;text-decoration:line-through}
 .error{color:#b00;font-weight:bold}.warning{color:#a60}.ok{color:#080}section{margin-top:2.5em}
-svg{background:#fafafa;border:1px solid #ddd}code{font-size:.9em}
+svg{background:#fafafa;border:1px solid #ddd;max-width:100%;height:auto}code{font-size:.9em}
 """
 
 
@@ -63,7 +69,8 @@ def convergence_target(ruleset: str, benchmark: str) -> tuple[str, str, float] |
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value))
+    """Text from outside as data: control and bidi characters escaped, then HTML-escaped."""
+    return html.escape(shown(value))
 
 
 def _tick(value: float) -> str:
@@ -137,7 +144,7 @@ def convergence_svg(entry: EntryReport, target: tuple[str, str, float] | None) -
         if len(entry.runs) > MAX_CURVES
         else ""
     )
-    return f'<svg width="{WIDTH}" height="{HEIGHT}" role="img">{"".join(parts)}</svg>{note}'
+    return f'<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img">{"".join(parts)}</svg>{note}'
 
 
 def rcp_svg(entry: EntryReport) -> str:
@@ -167,7 +174,7 @@ def rcp_svg(entry: EntryReport) -> str:
             f'<text x="{x(value):.1f}" y="{78 + i * 11}" font-size="10" fill="{colour}" '
             f'text-anchor="middle">{label} {value:.3f}</text>'
         )
-    return f'<svg width="{WIDTH}" height="{height}" role="img">{"".join(parts)}</svg>'
+    return f'<svg width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" role="img">{"".join(parts)}</svg>'
 
 
 def _findings_html(findings: Sequence[Finding]) -> str:
@@ -178,9 +185,7 @@ def _findings_html(findings: Sequence[Finding]) -> str:
         f"<td>{_e(f.rule)}</td><td>{_e(f.message)}</td><td>{_e(f.fix)}</td></tr>"
         for f in findings
     )
-    return (
-        f"<table><tr><th>severity</th><th>where</th><th>rule</th><th>what</th><th>fix</th></tr>{rows}</table>"
-    )
+    return f'<div class="wide"><table><tr><th>severity</th><th>where</th><th>rule</th><th>what</th><th>fix</th></tr>{rows}</table></div>'
 
 
 def _runs_html(entry: EntryReport) -> str:
@@ -194,7 +199,7 @@ def _runs_html(entry: EntryReport) -> str:
             f"<td>{'yes' if r.compliant else 'no'}</td><td class=n>{epochs}</td><td>{why}</td></tr>"
         )
     head = "<tr><th>file</th><th>minutes</th><th>compliant</th><th>epochs</th><th>score</th></tr>"
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f'<div class="wide"><table>{head}{"".join(rows)}</table></div>'
 
 
 def _kwh(joules: float | None) -> str:
@@ -225,7 +230,7 @@ def _pruned_html(entry: EntryReport) -> str:
     )
     return (
         f"<h3>Pruned runs ({len(entry.pruned_runs)}, not scored)</h3>"
-        f"<table><tr><th>file</th><th>minutes</th><th>compliant</th></tr>{rows}</table>"
+        f'<div class="wide"><table><tr><th>file</th><th>minutes</th><th>compliant</th></tr>{rows}</table></div>'
     )
 
 
@@ -264,7 +269,7 @@ def _summary_html(report: CheckReport) -> str:
         errors = sum(f.severity == "error" for f in e.findings)
         cls = "error" if errors else ("warning" if e.findings else "ok")
         rows.append(
-            f'<tr><td><a href="#e{i}">{_e(e.submitter)}</a></td><td>{_e(e.system)}</td><td>{e.scaling}</td>'
+            f'<tr><td><a href="#e{i}">{_e(e.submitter)}</a></td><td>{_e(e.system)}</td><td>{_e(e.scaling)}</td>'
             f"<td>{_e(e.benchmark)}</td><td class=n>{_num(e.score_raw_min)}</td><td class=n>{_num(e.score_min)}</td>"
             f"<td class=n>{_num(e.models_per_min, 4)}</td><td class=n>{len(e.runs)}</td>"
             f"<td class=n>{len(e.pruned_runs)}</td><td class=n>{_kwh(e.energy_j)}</td>"
@@ -276,7 +281,7 @@ def _summary_html(report: CheckReport) -> str:
         "<th>score min</th><th>models/min</th><th>runs</th><th>pruned</th><th>energy kWh</th><th>RCP</th>"
         "<th>errors / warnings</th></tr>"
     )
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f'<div class="wide"><table>{head}{"".join(rows)}</table></div>'
 
 
 def report_html(report: CheckReport) -> str:

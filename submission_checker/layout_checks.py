@@ -5,12 +5,12 @@ Nothing here follows a symbolic link out of the checked folder: such a link is a
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import catalog, safe_read
+from mlhpc.common import catalog, safe_json, safe_read
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import (
     SCALINGS,
@@ -39,6 +39,7 @@ ALLOWED_EXTRA = frozenset({"package_checker_params", "scaling.json", "power"})
 # instances pruned after the run (HPC training rules: they must be valid and compliant).
 PRUNED_DIR = "pruned_results"
 MAX_SYSTEM_JSON_BYTES = 1 * 2**20
+_JSON_LINE = re.compile(r" at line (\d+) column \d+\)")
 # Fields the summarizer turns into numbers with int() (it stops on anything else).
 SYSTEM_INT_FIELDS = ("number_of_nodes", "host_processors_per_node", "accelerators_per_node")
 SYSTEM_TEXT_FIELDS = tuple(f for f in SYSTEM_REQUIRED_FIELDS if f not in SYSTEM_INT_FIELDS)
@@ -210,13 +211,12 @@ def _read_system_json(path: Path, root: Path) -> tuple[Any, Finding | None]:
     try:
         if path.stat().st_size > MAX_SYSTEM_JSON_BYTES:
             return None, error(path, RULE_SYSTEM_JSON, "larger than 1 MiB: not a system description", fix=fix)
-        return json.loads(path.read_bytes().decode("utf-8")), None
-    except UnicodeDecodeError as e:
-        return None, error(path, RULE_SYSTEM_JSON, f"not UTF-8 text: {e.reason} at byte {e.start}", fix=fix)
-    except json.JSONDecodeError as e:
-        return None, error(path, RULE_SYSTEM_JSON, f"not valid JSON: {e.msg}", line=e.lineno, fix=fix)
-    except RecursionError:
-        return None, error(path, RULE_SYSTEM_JSON, "JSON nested too deeply", fix=fix)
+        # Bounded nesting, finite numbers only: `1e400` or a deep `[[[...]]]` is one finding.
+        return safe_json.load_file(path, dict, max_bytes=MAX_SYSTEM_JSON_BYTES), None
+    except safe_json.BadJson as e:
+        at = _JSON_LINE.search(str(e))  # safe_json says where a syntax error is; keep it as the line
+        line = int(at.group(1)) if at else None
+        return None, error(path, RULE_SYSTEM_JSON, f"not a JSON object mlhpc reads: {e}", line, fix=fix)
     except OSError as e:
         return None, error(path, RULE_SYSTEM_JSON, f"cannot read: {e.strerror or e}", fix=fix)
 

@@ -30,7 +30,9 @@ MSG_NONE = "Cannot find any RCPs"
 MSG_NO_BS = "Could not detect global_batch_size"
 MSG_NOT_CONVERGED = "Insufficient convergence"
 
-Verdict = Literal["pass", "fail", "bypassed", "error"]
+Verdict = Literal["pass", "fail", "bypassed", "error", "smoke"]
+"""smoke: a smoke configuration's batch size (our `mini` configs), for which no reference exists
+or is meant to; the official package checker would reject it as a submission."""
 
 
 @dataclass(frozen=True)

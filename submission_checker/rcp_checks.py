@@ -6,15 +6,26 @@ check's when that check compares the runs, else a `scaling.json` already in the 
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from mlhpc.common import catalog, safe_json
+
 from .compliance import LogAnalysis
 from .findings import RULE_RCP, RULE_SCALING_JSON, Finding, warning
 from .layout_checks import EntryDir
-from .rcp import BYPASS_FILE, BYPASS_LINE, NOT_CONVERGED_EPOCHS, RcpRead, RcpResult, check_rcp, has_bypass
+from .rcp import (
+    BYPASS_FILE,
+    BYPASS_LINE,
+    MSG_NONE,
+    NOT_CONVERGED_EPOCHS,
+    RcpRead,
+    RcpResult,
+    check_rcp,
+    has_bypass,
+)
 
 SCALING_JSON = "scaling.json"
 MAX_SCALING_JSON_BYTES = 4096
@@ -41,7 +52,7 @@ def read_scaling_json(folder: Path) -> tuple[float | None, list[Finding]]:
     try:
         if path.stat().st_size > MAX_SCALING_JSON_BYTES:
             raise ValueError("larger than 4 KiB")
-        value = json.loads(path.read_text(encoding="utf-8"))["scaling_factor"]
+        value = safe_json.load_file(path, dict, max_bytes=MAX_SCALING_JSON_BYTES)["scaling_factor"]
         factor = float(value)
         if isinstance(value, bool) or not math.isfinite(factor) or factor <= 0:
             raise ValueError(f"scaling_factor={value!r}")
@@ -51,9 +62,62 @@ def read_scaling_json(folder: Path) -> tuple[float | None, list[Finding]]:
     return factor, []
 
 
+@functools.cache
+def smoke_batch(benchmark: str) -> int | None:
+    """The global batch size of `benchmark`'s packaged `mini` config (a smoke configuration with no
+    reference convergence point), or None when it is not one of ours or has no mini."""
+    import yaml
+
+    found = catalog.find(benchmark)
+    if found is None:
+        return None
+    try:
+        config = yaml.safe_load((found.configs_dir / "mini.yaml").read_text(encoding="utf-8"))
+        batch = config["loop"]["global_batch_size"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+
+
+def rcp_configs(benchmark: str) -> list[str]:
+    """`benchmark`'s packaged rcp_<batch> configs, smallest batch first."""
+    found = catalog.find(benchmark)
+    if found is None:
+        return []
+    names = [p.stem for p in found.configs_dir.glob("rcp_*.yaml") if p.stem[4:].isdigit()]
+    return sorted(names, key=lambda name: int(name[4:]))
+
+
+def as_smoke(benchmark: str, result: RcpResult) -> RcpResult:
+    """A failed check for lack of a reference at the batch size of our own `mini` config becomes
+    verdict "smoke": nothing to fix in the run, and nothing the RCP data can say about it."""
+    no_reference = result.message.startswith("Missing RCP") or result.message == MSG_NONE
+    batch = smoke_batch(benchmark)
+    if result.verdict != "fail" or not no_reference or batch is None or result.batch_size != batch:
+        return result
+    message = (
+        f"batch size {batch} is the mini configuration's: a smoke configuration, with no reference "
+        "convergence point (RCP) to compare against, and none is meant to exist"
+    )
+    return RcpResult(**{**result.__dict__, "verdict": "smoke", "message": message})
+
+
+def _smoke_finding(entry: EntryDir, result: RcpResult) -> Finding:
+    configs = rcp_configs(entry.benchmark)
+    listed = ", ".join(configs) if configs else "an rcp_<batch> config"
+    fix = (
+        f"nothing, for a smoke run; for a run the RCP check compares, use one of {entry.benchmark}'s "
+        f"rcp_<batch> configs ({listed}): mlhpc run {entry.benchmark} --config {configs[0] if configs else 'rcp_<batch>'}"
+    )
+    message = f"RCP: no comparison: {result.message}; the official package checker would not accept it"
+    return warning(entry.path, RULE_RCP, message, fix=fix)
+
+
 def _rcp_finding(entry: EntryDir, result: RcpResult) -> list[Finding]:
     if result.verdict == "pass":
         return []
+    if result.verdict == "smoke":
+        return [_smoke_finding(entry, result)]
     numbers = ""
     if result.evaluated:
         numbers = (
@@ -90,7 +154,7 @@ def entry_rcp(
     result: RcpResult | None = None
     if closed and files:
         bypass = has_bypass(entry.path) or has_bypass(entry.org_dir / "results" / entry.system)
-        result = check_rcp(_reads(files), ruleset, bypass=bypass)
+        result = as_smoke(entry.benchmark, check_rcp(_reads(files), ruleset, bypass=bypass))
         findings += _rcp_finding(entry, result)
     if entry.scaling == "weak":
         return result, 1.0, findings  # the summarizer scales no weak score

@@ -110,3 +110,85 @@ def test_a_page_with_a_script_error_is_caught(tmp_path: Path) -> None:
     assert "drawn badly" in text
     assert "Uncaught ReferenceError: undefinedFunction is not defined" in text
     assert "<svg" not in shown.dom and "<p>plot</p>" in shown.dom
+
+
+MEASURE = """<script>
+addEventListener('load', () => {
+  const width = document.documentElement.clientWidth;
+  const over = [...document.querySelectorAll('body *')]
+    .filter(e => !e.closest('.wide') || e.classList.contains('wide'))
+    .filter(e => !(e.ownerSVGElement))  // an SVG's own viewport clips what is drawn in it
+    .filter(e => e.getBoundingClientRect().right > width + 0.5
+      || (!e.classList.contains('wide') && e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0))
+    .map(e => e.tagName + (e.getAttribute('class') ? '.' + e.getAttribute('class') : ''));
+  const out = document.createElement('pre');
+  out.id = 'measured';
+  out.textContent = JSON.stringify({scroll: document.documentElement.scrollWidth, width, over});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def measured_layout(page: Path, scratch: Path, width: int = 1200) -> dict:
+    """scrollWidth of the page in a `width` px window, and every element (outside a box that scrolls
+    on its own) whose right edge passes the window: a copy of the page with a measuring script."""
+    assert CHROMIUM is not None
+    copy = scratch / f"measured_{page.parent.name}.html"
+    copy.write_text(
+        page.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"), encoding="utf-8"
+    )
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+    common += ["--hide-scrollbars", "--no-first-run", f"--user-data-dir={scratch / 'chromium-profile'}"]
+    common += ["--virtual-time-budget=3000", f"--window-size={width},900"]
+    dumped = subprocess.run(
+        [*common, "--dump-dom", copy.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dumped.stdout, re.S)
+    assert found is not None, dumped.stdout[-2000:]
+    import html as html_module
+    import json
+
+    return json.loads(html_module.unescape(found.group(1)))
+
+
+def test_check_report_and_compare_page_fit_1200_px(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check report of a real entry whose system folder has a 150-character name, and the compare
+    page of our entry against a published round: no horizontal scroll of the page at 1200 px."""
+    helmholtz = ROOT / "tests" / "data" / "hpc_v2.0_helmholtzai"
+    long_system = "juwelsbooster_" + "x" * 136
+    org = tmp_path / "HelmholtzAI"
+    shutil.copytree(helmholtz / "HelmholtzAI", org)
+    (org / "results" / "juwelsbooster_gpu_n2048_pytorch1.13").rename(org / "results" / long_system)
+    (org / "systems" / "juwelsbooster_gpu_n2048_pytorch1.13.json").rename(
+        org / "systems" / f"{long_system}.json"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", str(org), "--report", "report"]) in (0, 1)
+    db = str(tmp_path / "store.sqlite")
+    assert main(["results", "add", str(helmholtz), str(org), "--db", db]) == 0
+    assert (
+        main(
+            [
+                "results",
+                "compare",
+                f"ours/2.0.0/HelmholtzAI/{long_system}/strong/deepcam",
+                "--all",
+                "--db",
+                db,
+                "--report",
+                "compare",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    for page in (tmp_path / "report" / "index.html", tmp_path / "compare" / "index.html"):
+        layout = measured_layout(page, tmp_path)
+        assert layout["width"] <= 1200 and layout["scroll"] <= 1200, (page, layout)
+        assert layout["over"] == [], (page, layout)
