@@ -250,9 +250,9 @@ def _train(
         seed, result, path = failed[0]
         raise TrainingError(f"the run with seed {seed} aborted: {result.error}; its log is {path}")
     if opts.check and ctx.is_main:
-        from mlhpc.submission_checker.command import check_command
+        from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
-        campaign.check_status = check_command(plan.org_dir, ruleset=s.ruleset)
+        campaign.check_status = check_command(plan.org_dir, ruleset=s.ruleset, ruleset_reason=CAMPAIGN_RULESET)
     return campaign
 
 

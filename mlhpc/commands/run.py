@@ -256,7 +256,7 @@ def _launch_instances(args: argparse.Namespace) -> int:
     import subprocess
 
     from mlhpc.cli import Terminated
-    from mlhpc.submission_checker.command import check_command
+    from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
     # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/threads).
     env = dict(os.environ)
@@ -281,4 +281,5 @@ def _launch_instances(args: argparse.Namespace) -> int:
 
     recorded = read_campaign_file(args.out / CAMPAIGN_FILE)  # the settings the ranks ran with
     assert recorded is not None, "the instances' rank 0 writes the campaign file"
-    return check_command(args.out / recorded.settings.submitter, ruleset=recorded.settings.ruleset)
+    ruleset = recorded.settings.ruleset
+    return check_command(args.out / recorded.settings.submitter, ruleset=ruleset, ruleset_reason=CAMPAIGN_RULESET)
