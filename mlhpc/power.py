@@ -178,16 +178,21 @@ class PowerSampler:
         assert self._handle is not None
         self._handle.write(_record(key, event, round(time_s * 1000, 3), value, self.metadata))
 
-    def sample(self) -> float:
-        """One power_reading: the watts since the reading before."""
+    def sample(self) -> float | None:
+        """One power_reading: the watts since the reading before; None, and nothing written, when
+        the clock did not move forward (a step back by NTP: no interval to divide by, and a 0 W
+        reading stamped before the last one would be a number no meter gave)."""
         now_uj, now_s = self._read(), self.clock()
+        if now_s <= self._last_s:
+            self._last, self._last_s = now_uj, now_s
+            return None
         joules = 0.0
         for counter, before, after in zip(self.counters, self._last, now_uj, strict=True):
             delta = after - before
             if delta < 0 and counter.wrap_uj:
                 delta += counter.wrap_uj + 1
             joules += max(delta, 0) / 1e6
-        watts = joules / (now_s - self._last_s) if now_s > self._last_s else 0.0
+        watts = joules / (now_s - self._last_s)
         self._last, self._last_s = now_uj, now_s
         self._write("power_reading", "POINT_IN_TIME", now_s, watts)
         self.readings += 1

@@ -197,3 +197,24 @@ def test_power_refused_for_instances_sharing_nodes() -> None:
 
     with pytest.raises(ConfigError, match="--power with --instances"):
         check_options(RunOptions(benchmark="cosmoflow", out=Path("x"), instances=2, power=True))
+
+
+def test_a_clock_stepping_back_writes_no_reading(tmp_path: Path) -> None:
+    """An NTP step back between two samples: no 0 W reading stamped before the last one; the
+    readings on either side are the counters' watts, and the checker finds nothing impossible."""
+    package = _zone(tmp_path / "powercap", "intel-rapl:0", 0)
+    clock = Clock(1_700_000_000.0)
+    path = power_log_path(tmp_path / "entry", 0, host="n01")
+    with PowerSampler(rapl_counters(tmp_path / "powercap"), path, interval_s=3600, clock=clock) as sampler:
+        clock.now += 1.0
+        _set(package, 100_000_000)
+        assert sampler.sample() == pytest.approx(100.0)
+        clock.now -= 0.5
+        _set(package, 150_000_000)
+        assert sampler.sample() is None
+        clock.now += 2.0
+        _set(package, 250_000_000)
+        assert sampler.sample() == pytest.approx(50.0)
+    readings = [r for r in read_power_log(path) if r.key == "power_reading"]
+    assert [r.value for r in readings][:2] == pytest.approx([100.0, 50.0])
+    assert all(r.value > 0 or r is readings[-1] for r in readings)
