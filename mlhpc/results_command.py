@@ -18,6 +18,7 @@ from rich.text import Text
 from mlhpc.common.errors import MlhpcError, SubmissionError
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.printable import shown
+from mlhpc.common.writable import refuse_output_over_inputs
 from mlhpc.results_store import (
     add_reports,
     entry_name,
@@ -51,6 +52,8 @@ def origin_of(root: Path, requested: str) -> str:
 
 def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, console: Console) -> int:
     """Check each folder, then store all their entries in one transaction."""
+    # The store is written; a store inside a submission it reads would change what it checks.
+    refuse_output_over_inputs(db, list(dirs), "--db")
     started = time.perf_counter()
     reports = []
     for folder in dirs:

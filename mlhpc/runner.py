@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -150,7 +151,8 @@ def plan_and_record(request: CampaignRequest, claims: ExitStack) -> CampaignPlan
         )
         # A killed run's half-written log; ours to delete while we hold the index's lock.
         for leftover in plan.results_dir.glob(f".result_{index}.txt.*.tmp"):
-            leftover.unlink(missing_ok=True)
+            if stat.S_ISREG(leftover.lstat().st_mode):  # a folder or a link of that name is not a log of ours
+                leftover.unlink(missing_ok=True)
     record_plan(plan)
     s = plan.settings
     fields = {"submitter": s.submitter, "division": s.division, "status": s.status, "system_name": s.system}
@@ -221,6 +223,8 @@ def _train(
     # One staging communicator for the whole campaign: building one creates process groups.
     progress = Progress(enabled=ctx.is_main)
     progress.say(plan_line(plan, opts, data_dir))
+    if ctx.threads is not None and ctx.device.type == "cpu":
+        progress.say(f"torch threads per rank: {ctx.threads.intra_op} ({ctx.threads.source})")
     runner = _SeedRunner(
         resolved.benchmark,
         resolved.cfg,
@@ -328,7 +332,13 @@ class _SeedRunner:
         if ctx.is_main and result.breakdown is not None:
             where = self.plan.breakdown_path(index)
             atomic_write_json(
-                where, {"result": str(written or path), "seed": seed, **result.breakdown.to_dict()}
+                where,
+                {
+                    "result": str(written or path),
+                    "seed": seed,
+                    **result.breakdown.to_dict(),
+                    "threads": ctx.threads.as_record() if ctx.threads else None,
+                },
             )
         return seed, result, written or path
 

@@ -221,8 +221,6 @@ OUTPUTS: dict[tuple[str, str], Case] = {
 }
 
 NOT_YET = {
-    ("run", "--local-dir"): "mlhpc/commands/run.py: --local-dir inside --data is accepted",
-    ("results add", "--db"): "mlhpc/results_command.py: a new --db inside the folders it adds is accepted",
 }
 """Outputs their commands do not refuse yet (other owners' files): kept here so that the walk
 still tries them, and says so, until they do."""

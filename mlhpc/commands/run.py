@@ -127,13 +127,17 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from mlhpc.campaign import check_numbers
-    from mlhpc.common.writable import check_writable_dir, local_dir_name
+    from mlhpc.common.writable import check_writable_dir, local_dir_name, refuse_output_over_inputs
     from mlhpc.staging.localdir import resolve_local_dir
 
     # At parse time, before anything is locked, launched or recorded (the planner checks again).
     check_numbers(seeds=args.seeds, first_seed=args.first_seed, index=args.index)
     check_numbers(seeds=args.instances, first_seed=args.first_seed, index=None, flag="--instances")
     refuse_surprise_size(args)  # before --out is locked or written: a refusal leaves nothing behind
+    # Staged copies under the dataset they copy would be read back as part of it.
+    refuse_output_over_inputs(
+        resolve_local_dir(args.local_dir), [args.data], local_dir_name(args.local_dir), folder=True
+    )
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.slurm_campaign import run_slurm_campaign
 
