@@ -14,12 +14,15 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mlhpc.common import safe_json
 from mlhpc.common.errors import MlhpcError
+from mlhpc.common.printable import shown
 
 LOCK_NAME = ".mlhpc.lock"
 
@@ -37,13 +40,15 @@ def folder_lock(folder: Path, what: str, fix: str) -> Iterator[Path]:
     path = folder / LOCK_NAME
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW  # a planted link is refused
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # no link, no wait
         fd = os.open(path, flags, 0o666)
     except OSError as e:
         raise MlhpcError(
             f"cannot lock {folder} ({e.strerror or e}); check that it is a writable folder"
         ) from e
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted under the name
+            raise MlhpcError(f"{shown(path)} is not a regular file; move it away (mlhpc makes its own)")
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -59,10 +64,17 @@ def folder_lock(folder: Path, what: str, fix: str) -> Iterator[Path]:
 
 
 def _holder(fd: int) -> str:
-    """Who holds the lock, as its holder wrote it ("another process" if it cannot be read)."""
+    """Who holds the lock, as its holder wrote it ("another process" when the file does not say it
+    in the shape mlhpc writes: anyone who can write the folder can write this file)."""
     try:
-        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(data["since"])))
-        return f"pid {int(data['pid'])} on {data['host']} ({data['what']}) since {since}"
-    except (OSError, ValueError, KeyError, TypeError):
+        data = safe_json.loads(os.pread(fd, 4096, 0) or b"{}", dict)
+        pid, host, what, since = data["pid"], data["host"], data["what"], data["since"]
+        texts = isinstance(host, str) and isinstance(what, str)
+        if type(pid) is not int or not 0 < pid <= 2**22 or not texts:
+            return "another process"
+        if type(since) not in (int, float) or not 0 <= since < 2**35:  # finite, before the year 3000
+            return "another process"
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+        return f"pid {pid} on {shown(host[:200])} ({shown(what[:200])}) since {stamp}"
+    except (OSError, ValueError, KeyError, OverflowError):
         return "another process"

@@ -101,12 +101,18 @@ def judge(
     return link_refusal(why) if why is not None else refusal(path, max_bytes, what=what)
 
 
-def _open_fd(path: Path | str, max_bytes: int | None, what: str) -> int:
-    refused = refusal(path, max_bytes, what=what)
+def _open_fd(path: Path | str, max_bytes: int | None, what: str, *, follow: bool = True) -> int:
+    refused = refusal(path, max_bytes, what=what) if follow else _lrefusal(path, max_bytes, what)
     if refused is not None:
         raise RefusedFile(path, refused)
     # Non-blocking: if the name became a FIFO since the stat, open returns instead of waiting.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno != errno.ELOOP or follow:
+            raise
+        raise RefusedFile(path, Refusal("not-a-file", "a symbolic link", "remove the link")) from None
     try:
         refused = _judge(os.fstat(fd), max_bytes, what)
         if refused is not None:
@@ -116,6 +122,17 @@ def _open_fd(path: Path | str, max_bytes: int | None, what: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _lrefusal(path: Path | str, max_bytes: int | None, what: str) -> Refusal | None:
+    """`refusal` of the name itself: a symbolic link is refused, not followed."""
+    try:
+        info = os.lstat(path)
+    except OSError as e:
+        return Refusal("unreadable", f"cannot read the file: {e.strerror or e}", "make it a readable file")
+    if stat.S_ISLNK(info.st_mode):
+        return Refusal("not-a-file", "a symbolic link", "remove the link")
+    return _judge(info, max_bytes, what)
 
 
 def open_text(
@@ -132,6 +149,20 @@ def read_bytes(path: Path | str, max_bytes: int | None = None, *, what: str = "s
     if max_bytes is not None and len(data) > max_bytes:  # it grew after the check
         raise RefusedFile(path, Refusal("too-big", f"more than {_size_text(max_bytes)}", "move it away"))
     return data
+
+
+def read_bytes_stat(
+    path: Path | str, max_bytes: int, *, what: str = "such a file", follow: bool = True
+) -> tuple[bytes, os.stat_result]:
+    """`read_bytes`, and the `fstat` of the very file read (its owner, for a file in a folder
+    others write to); with `follow=False` a symbolic link is refused, not followed."""
+    fd = _open_fd(path, max_bytes, what, follow=follow)
+    with open(fd, "rb", closefd=True) as handle:
+        info = os.fstat(fd)
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew after the check
+        raise RefusedFile(path, Refusal("too-big", f"more than {_size_text(max_bytes)}", "move it away"))
+    return data, info
 
 
 def find_files(

@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mlhpc.common import safe_json
 from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.printable import shown
+from mlhpc.common.safe_read import read_bytes_stat
 
 LOCAL_DIR_VARIABLE = "MLHPC_LOCAL_DIR"
 # Node-local scratch that schedulers and sites export, in order of preference.
@@ -41,13 +44,20 @@ STAGE_OWNER = ".mlhpc_stage_owner.json"
 log = logging.getLogger(__name__)
 
 
+OWNER_MAX_BYTES = 64 * 1024
+"""Far more than the marker mlhpc writes (a few hundred bytes); a bigger one is not ours."""
+PID_MAX = 2**22
+"""Linux's PID_MAX_LIMIT: no process has a larger pid."""
+
+
 def claim_stage_dir(folder: Path, out: str | os.PathLike[str]) -> None:
-    """Make `folder` and write its owner (host, boot, pid, the pid's start, --out) into it before
-    anything else, so that after a SIGKILL the next run can prove the folder is mlhpc's and its
-    owner gone."""
+    """Make `folder` and write its owner (user, host, boot, pid, the pid's start, --out) into it
+    before anything else, so that after a SIGKILL the next run can prove the folder is mlhpc's
+    and its owner gone."""
     folder.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
     owner = {
+        "uid": os.getuid(),
         "host": socket.gethostname(),
         "boot_id": _boot_id(),
         "pid_namespace": _pid_namespace(),
@@ -60,41 +70,85 @@ def claim_stage_dir(folder: Path, out: str | os.PathLike[str]) -> None:
 
 
 def remove_stale_stage_dirs(root: Path) -> list[Path]:
-    """Remove the `mlhpc-stage-*` folders under `root` that killed runs left: only those with the
-    owner marker, written on this host by a process that is gone (not alive, or its pid now
-    belongs to a newer process, or the node rebooted since). A folder without a readable marker,
-    from another host, or of a live process is never touched. Returns the folders removed."""
+    """Remove the `mlhpc-stage-*` folders under `root` that killed runs left: only this user's
+    folders (not links) holding this user's owner marker, written on this host by a process that
+    is gone (not alive, or its pid now belongs to a newer process, or the node rebooted since).
+    The node-local folder is shared by every user of a node, so whatever cannot be proven ours
+    and stale is left alone: another user's, unmarked, from another host, of a live process, or
+    a marker mlhpc cannot read (a warning). Returns the folders removed."""
     removed: list[Path] = []
-    try:
-        candidates = sorted(
-            p for p in Path(root).glob(f"{STAGE_PREFIX}*") if p.is_dir() and not p.is_symlink()
-        )
-    except OSError:
-        return removed
-    for folder in candidates:
+    for folder in _stage_folders(Path(root)):
         owner = _read_owner(folder / STAGE_OWNER)
         if owner is None or not _owner_gone(owner):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         if not folder.exists():
             removed.append(folder)
-            log.info("removed %s, left by pid %s (no longer running)", folder, owner["pid"])
+            log.info("removed %s, left by pid %s (no longer running)", shown(folder), owner["pid"])
     return removed
 
 
-def _read_owner(path: Path) -> dict[str, Any] | None:
+def _stage_folders(root: Path) -> list[Path]:
+    """The folders named `mlhpc-stage-*` directly under `root` that this user owns (no links)."""
+    found = []
     try:
-        owner = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with os.scandir(root) as listing:
+            for entry in listing:
+                try:
+                    if not entry.name.startswith(STAGE_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                        continue
+                    if entry.stat(follow_symlinks=False).st_uid == os.getuid():
+                        found.append(Path(entry.path))
+                except OSError:
+                    continue
+    except OSError:
+        return []
+    return sorted(found)
+
+
+class _NotOurs(ValueError):
+    """The marker does not prove an owner: why, for the warning."""
+
+
+def _read_owner(path: Path) -> dict[str, Any] | None:
+    """The marker's owner, or None when it does not prove one: missing (silently: a run may be
+    between making its folder and claiming it), or unreadable, malformed or another user's file
+    (with a warning: mlhpc leaves it alone)."""
+    try:
+        data, info = read_bytes_stat(path, OWNER_MAX_BYTES, what="a staging owner file", follow=False)
+        if info.st_uid != os.getuid():
+            raise _NotOurs(f"owned by uid {info.st_uid}, not this user")
+        return _checked_owner(safe_json.loads(data, dict), info.st_uid)
+    except FileNotFoundError:
         return None
-    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int) or owner["pid"] <= 0:
-        return None  # a pid of 0 or less would name a process group in os.kill
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        log.warning("%s: %s; left alone (remove its folder yourself if no run uses it)", shown(path), why)
+        return None
+
+
+def _checked_owner(owner: dict[str, Any], file_uid: int) -> dict[str, Any]:
+    """`owner` if every field `_owner_gone` reads has its type and range; _NotOurs otherwise."""
+    pid = owner.get("pid")
+    if type(pid) is not int or not 0 < pid <= PID_MAX:  # 0 or less would name a process group
+        raise _NotOurs(f"pid {str(pid)[:40]} is not a process id")
+    if "uid" in owner and (type(owner["uid"]) is not int or owner["uid"] != file_uid):
+        raise _NotOurs(f"uid {str(owner['uid'])[:40]} is not the file's owner")
+    if not isinstance(owner.get("host"), str):
+        raise _NotOurs("no host name")
+    for key in ("boot_id", "pid_namespace"):
+        if owner.get(key) is not None and not isinstance(owner[key], str):
+            raise _NotOurs(f"{key} is not text")
+    ticks = owner.get("start_ticks")
+    if ticks is not None and (type(ticks) is not int or not 0 <= ticks < 2**63):
+        raise _NotOurs(f"start_ticks {str(ticks)[:40]} is not a clock tick count")
     return owner
 
 
 def _owner_gone(owner: dict[str, Any]) -> bool:
-    """Whether the process that wrote `owner` has surely ended; False whenever that is unsure."""
-    if owner.get("host") != socket.gethostname():
+    """Whether the process that wrote `owner` (checked by `_checked_owner`) has surely ended;
+    False whenever that is unsure."""
+    if owner["host"] != socket.gethostname():
         return False  # its pids mean nothing here
     boot = _boot_id()
     if boot and owner.get("boot_id") and owner["boot_id"] != boot:
