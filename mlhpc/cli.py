@@ -18,6 +18,7 @@ from mlhpc.commands import run as run_command
 from mlhpc.commands import stage as stage_commands
 from mlhpc.common.debug_log import configure_console
 from mlhpc.common.errors import ConfigError, MlhpcError
+from mlhpc.common.printable import shown
 
 
 class Terminated(KeyboardInterrupt):
@@ -117,7 +118,7 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def _error(message: str) -> int:
     line = " ".join((message.strip().splitlines() or [message])[0].split())
-    print(f"mlhpc: error: {line}", file=sys.stderr)
+    print(f"mlhpc: error: {shown(line)}", file=sys.stderr)  # names in it may come from outside
     return 2
 
 

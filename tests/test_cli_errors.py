@@ -93,10 +93,11 @@ def test_an_oserror_anywhere_is_one_line_unless_debugging(tmp_path: Path) -> Non
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-def wait_for(path: Path, timeout: float = 60) -> None:
+def wait_for(pattern: str, root: Path, timeout: float = 60) -> None:
+    """Until a folder matching `pattern` under `root` holds something."""
     deadline = time.monotonic() + timeout
-    while not (path.exists() and any(path.iterdir())):
-        assert time.monotonic() < deadline, f"{path} never filled"
+    while not any(path.is_dir() and any(path.iterdir()) for path in root.glob(pattern)):
+        assert time.monotonic() < deadline, f"{root}/{pattern} never filled"
         time.sleep(0.05)
 
 
@@ -113,7 +114,7 @@ def test_interrupt_and_terminate_are_one_line(
         preexec_fn=ctrl_c_as_at_a_terminal,
     )  # fmt: skip
     try:
-        wait_for(tmp_path / "d" / "train")
+        wait_for("d/.mlhpc-generating-*/train", tmp_path)  # generation writes there, moves up at the end
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -135,9 +135,10 @@ def _run(args: argparse.Namespace) -> int:
     check_numbers(seeds=args.instances, first_seed=args.first_seed, index=None, flag="--instances")
     refuse_surprise_size(args)  # before --out is locked or written: a refusal leaves nothing behind
     # Staged copies under the dataset they copy would be read back as part of it.
-    refuse_output_over_inputs(
-        resolve_local_dir(args.local_dir), [args.data], local_dir_name(args.local_dir), folder=True
-    )
+    if args.data is not None:
+        refuse_output_over_inputs(
+            resolve_local_dir(args.local_dir), [args.data], local_dir_name(args.local_dir), folder=True
+        )
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.slurm_campaign import run_slurm_campaign
 
