@@ -42,6 +42,10 @@ def _sigterm_raises() -> Iterator[None]:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        # DataLoader workers die of the same group SIGTERM; torch's SIGCHLD handler would raise
+        # "worker killed" over Terminated in the middle of the cleanup (a traceback, exit 1). A
+        # Python no-op, not SIG_DFL: a SIGCHLD already pending would print "ignored due to race".
+        signal.signal(signal.SIGCHLD, lambda *_: None)
         raise Terminated
 
     previous = signal.signal(signal.SIGTERM, terminate)
