@@ -530,6 +530,7 @@ def finish_node(
             if manifest is not None:
                 keep_folder_modes(src, dest, (f.path for f in held.files))
             remove_stale(src, dest, previous or {}, {s.path for s in records}, options.algorithm)
+            refuse_strangers(src, dest, {s.path for s in records})
             held.write(dest / MANIFEST_NAME)
         except StagingError as e:
             error = str(e)
@@ -598,6 +599,25 @@ def sync_filesystem(folder: Path) -> None:
             os.sync()
     finally:
         os.close(fd)
+
+
+def refuse_strangers(src: Path, dest: Path, held: set[str]) -> None:
+    """DEST must hold the dataset and nothing else: a regular file that neither the source has
+    nor a run of ours recorded (someone's own file, or a copy whose journal line a kill lost
+    and whose source went meanwhile) is not ours to remove, and a loader would read it as data:
+    refused in one line, before the marker, with nothing removed."""
+    for folder, _, filenames in os.walk(dest):  # does not follow links
+        for name in filenames:
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, dest).replace(os.sep, "/")
+            if name.startswith(".mlhpc") or name.endswith(PARTIAL_SUFFIX) or relative in held:
+                continue
+            if relative == MANIFEST_NAME or not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            raise StagingError(
+                f"{dest} holds {relative}, which {src} does not have and no staging recorded; move it "
+                f"out of {dest} (mlhpc removes only its own copies) and stage again"
+            )
 
 
 def _node_records(
