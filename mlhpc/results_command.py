@@ -18,6 +18,7 @@ from rich.text import Text
 from mlhpc.common.errors import MlhpcError, SubmissionError
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.printable import shown
+from mlhpc.common.waiting import say_if_slow
 from mlhpc.common.writable import refuse_output_over_inputs
 from mlhpc.results_store import (
     add_reports,
@@ -62,7 +63,8 @@ def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, c
                 f"{folder} is not a folder; pass a submission (an organisation's folder or a round's)"
             )
         try:
-            report = check_submission(folder, jobs=jobs)
+            with say_if_slow(f"checking {shown(folder)}"):  # a whole round takes tens of seconds
+                report = check_submission(folder, jobs=jobs)
         except SubmissionError as e:
             fix = "" if "; pass " in str(e) else "; pass a submission (an organisation's folder or a round's)"
             raise MlhpcError(f"{e}{fix}") from e

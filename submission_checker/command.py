@@ -12,6 +12,7 @@ from rich.text import Text
 from mlhpc.common.errors import MlhpcError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.printable import shown
+from mlhpc.common.waiting import say_if_slow
 
 from .check import check_submission
 from .export import report_csv
@@ -193,7 +194,8 @@ def check_command(
         out.width = WIDTH_WHEN_PIPED  # a log file has room; rich would squeeze into 80
     err = Console(stderr=True, highlight=False)
     try:
-        report = check_submission(path, ruleset=ruleset, jobs=jobs, ruleset_reason=ruleset_reason)
+        with say_if_slow(f"checking {shown(path)}"):  # a whole round takes tens of seconds
+            report = check_submission(path, ruleset=ruleset, jobs=jobs, ruleset_reason=ruleset_reason)
         print_report(report, out)
         write_outputs(report, {"json": json_path, "csv": csv_path, "report": report_dir}, out)
     except MlhpcError as e:
