@@ -140,7 +140,6 @@ def stage_dataset(
     mode: Mode = "replicate",
     processes: int | None = None,
     decompress: bool = False,
-    direct_io: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: bool = False,
     io: str = "auto",
@@ -150,8 +149,9 @@ def stage_dataset(
 
     Without `comm`, the ranks of one node split the work, synchronised by `barrier`. With a
     `Communicator`, `mode` says what each node ends with (see `plan`). A rerun skips what is
-    staged and verified already. `direct_io`: None reads large files with O_DIRECT and writes
-    with it where that pays (`direct_writes_pay`); True forces O_DIRECT writes, False no O_DIRECT.
+    staged and verified already. `io` picks the I/O path (`iopath.IO_CHOICES`): "auto" decides
+    on the node's memory and the source's cached share, "direct" reads large files with O_DIRECT
+    and writes with it where that pays (`direct_writes_pay`), "buffered" and "kernel" never do.
     """
     if workers < 1 or chunk_bytes < 1 or (processes is not None and processes < 0):
         raise StagingError(

@@ -35,6 +35,7 @@ from mlhpc.staging import (
 from mlhpc.staging import copy as copy_module
 from mlhpc.staging import journal as journal_module
 from mlhpc.staging.copy import TAIL_PIECE_BYTES, CopyJob, copy_file, read_spans
+from mlhpc.staging.iopath import resident_bytes
 from mlhpc.staging.journal import JOURNAL_BATCH, Journal, close_journal, read_journals
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.origin import RACY_NS
@@ -90,12 +91,16 @@ def test_stage_copies_verifies_and_marks_complete(source: Path, tmp_path: Path) 
     assert metadata["staging_durable"] is False
 
 
-@pytest.mark.parametrize("direct_io", [True, False])
-def test_worker_processes_and_page_cache_writes_give_the_same_copy(
-    source: Path, tmp_path: Path, direct_io: bool
+@pytest.mark.parametrize("io", ["direct", "buffered"])
+def test_worker_processes_on_the_direct_and_buffered_paths_give_the_same_copy(
+    source: Path, tmp_path: Path, io: str
 ) -> None:
     dest = tmp_path / "dest"
-    report = stage_dataset(source, dest, processes=2, workers=4, direct_io=direct_io)
+    report = stage_dataset(source, dest, processes=2, workers=4, io=io)
+    assert report.io is not None and report.io.reason.startswith(f"--io {io} ")
+    assert (report.io.direct_reads, report.io.direct_writes) == (
+        (True, direct_writes_pay(str(dest))) if io == "direct" else (False, False)
+    )
     assert report.copied_files == 7 and dataset_files(dest) == dataset_files(source)
     assert verify_staged(dest) == 7
 
@@ -323,12 +328,30 @@ def test_paper_model_shapes() -> None:
     assert "does not fit" in model_table(cluster) and "DeepCAM" in model_table(cluster)
 
 
+def _evicted(path: Path) -> None:
+    """`path` on disk and out of the page cache (its pages are clean, so the kernel drops them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def test_large_file_read_with_direct_io_gives_the_same_copy(tmp_path: Path) -> None:
+    if not supports_direct_io(str(tmp_path)):
+        pytest.skip("this file system takes no O_DIRECT")
     src = tmp_path / "src"
     src.mkdir()
     (src / "big.npy").write_bytes(os.urandom((9 << 20) + 123))  # above the O_DIRECT read size, odd tail
+    _evicted(src / "big.npy")
+    if resident_bytes(str(src / "big.npy"))[0] > 1 << 20:
+        pytest.skip("the kernel kept the file cached after POSIX_FADV_DONTNEED")
     dest = tmp_path / "dest"
-    stage_dataset(src, dest, direct_io=True)
+    report = stage_dataset(src, dest, io="direct")
+    assert report.io is not None and report.io.direct_reads and report.io.label.startswith("direct")
+    # read around the page cache: a buffered read would have left the source's pages cached
+    assert resident_bytes(str(src / "big.npy"))[0] < 1 << 20
     assert (dest / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
     assert verify_staged(dest) == 1
 
@@ -340,7 +363,8 @@ def test_large_files_read_ahead_in_blocks_give_the_same_copy(tmp_path: Path, wor
     for i in range(2):  # three 16 MiB blocks each, the last one short and not a whole page
         (src / f"big{i}.npy").write_bytes(os.urandom((40 << 20) + 123 + i))
     dest = tmp_path / "dest"
-    stage_dataset(src, dest, direct_io=True, workers=workers)
+    report = stage_dataset(src, dest, io="direct", workers=workers)
+    assert report.io is not None and report.io.direct_reads
     for i in range(2):
         assert (dest / f"big{i}.npy").read_bytes() == (src / f"big{i}.npy").read_bytes()
     assert verify_staged(dest) == 2
