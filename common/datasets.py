@@ -1,10 +1,16 @@
-"""Checks every benchmark's dataset reader starts with (no torch here)."""
+"""Checks every benchmark's dataset reader starts with, and the opening of its sample files (no
+torch here)."""
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from mlhpc.common.errors import DataError
+from mlhpc.common.printable import shown
 
 DATASET_COMPLETE = ".mlhpc_generated"
 """In a dataset folder mlhpc generated, written last (see `mlhpc.generation`)."""
@@ -21,3 +27,93 @@ def existing_data_dir(data_dir: Path | str, benchmark: str) -> Path:
             f"or run `mlhpc generate {benchmark} --out DIR`"
         )
     return data_dir
+
+
+# ---------------------------------------------------------------- sample files, never a FIFO
+# open() of a FIFO waits for a writer; under h5py it waits holding the GIL, so no signal handler
+# runs and SIGTERM and Ctrl-C are ignored. Every sample is judged by its type twice: when the
+# dataset is listed (one scandir, no stat per file) and on the descriptor that is then read.
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def not_a_file(path: Path | str, mode: int) -> DataError:
+    """The one line for a dataset entry that is not a regular file."""
+    return DataError(
+        f"{shown(path)} is {_kind(mode)}, not a regular file; replace it with the sample's file "
+        "or remove it from the dataset"
+    )
+
+
+def _entry_mode(entry: os.DirEntry[str]) -> int | None:
+    """The entry's file type (following a link), read from the listing where it says it; None if gone."""
+    try:
+        if entry.is_file():
+            return stat.S_IFREG
+        return entry.stat().st_mode
+    except OSError:
+        return None  # a dangling link or a name gone since the listing: the open says which
+
+
+def list_samples(folder: Path, matches: Callable[[str], bool]) -> dict[str, Path]:
+    """The entries of `folder` whose names `matches`, by name; DataError naming the first one that
+    is a FIFO, device, socket or folder. One scandir: the types come from the listing."""
+    found: dict[str, Path] = {}
+    try:
+        with os.scandir(folder) as listing:
+            entries = sorted((e for e in listing if matches(e.name)), key=lambda e: e.name)
+    except OSError as e:
+        raise DataError(f"cannot list {shown(folder)} ({e.strerror or e}); check --data") from e
+    for entry in entries:
+        mode = _entry_mode(entry)
+        if mode is not None and not stat.S_ISREG(mode):
+            raise not_a_file(entry.path, mode)
+        found[entry.name] = Path(entry.path)
+    return found
+
+
+def _mode_or_none(path: Path | str) -> int | None:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return None
+
+
+def open_sample(path: Path | str) -> BinaryIO:
+    """`open(path, "rb")` of a regular file only, never waiting on a FIFO that appeared since the
+    listing: opened non-blocking and judged on the descriptor. FileNotFoundError passes on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:  # a socket cannot be opened at all (ENXIO): say what it is
+        mode = _mode_or_none(path) if not isinstance(e, FileNotFoundError) else None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise not_a_file(path, mode) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_a_file(path, mode)
+        os.set_blocking(fd, True)
+        return open(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_h5(path: Path | str) -> Any:
+    """`h5py.File(path, "r")` of a regular file only (see `open_sample`). h5py opens the checked
+    descriptor where Linux shows it (/proc/self/fd: the same file, whatever `path` names by now)."""
+    import h5py  # only the readers of HDF5 datasets pay for it
+
+    with open_sample(path) as handle:
+        proc = f"/proc/self/fd/{handle.fileno()}"
+        return h5py.File(proc if os.path.exists(proc) else path, "r")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
+from mlhpc.common.datasets import open_sample
 from mlhpc.common.errors import DataError
 
 
@@ -18,7 +20,7 @@ def check_npy(
     """Wrong shape, wrong dtype (one of `dtype` when a tuple) or truncation is a DataError."""
     allowed = tuple(np.dtype(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,)))
     try:
-        with open(path, "rb") as handle:
+        with open_sample(path) as handle:  # a regular file only: a FIFO would block
             version = np.lib.format.read_magic(handle)
             if version == (1, 0):
                 header = np.lib.format.read_array_header_1_0(handle)
@@ -26,6 +28,7 @@ def check_npy(
                 header = np.lib.format.read_array_header_2_0(handle)
             got_shape, fortran, got_dtype = header
             offset = handle.tell()
+            actual = os.fstat(handle.fileno()).st_size
     except FileNotFoundError as e:
         raise DataError(f"{path} is listed but missing; regenerate or restage the dataset") from e
     except (OSError, ValueError) as e:
@@ -35,6 +38,5 @@ def check_npy(
         expected = " or ".join(f"{d}{list(shape)}" for d in allowed)
         raise DataError(f"{path} holds {got_dtype}{list(got_shape)}, expected {expected}; {fix}")
     expected_bytes = offset + int(np.prod(shape)) * got_dtype.itemsize
-    actual = path.stat().st_size
     if actual != expected_bytes:
         raise DataError(f"{path} is truncated ({actual} of {expected_bytes} bytes); regenerate or restage it")

@@ -17,12 +17,13 @@ from torch.utils.data import Dataset
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
 from mlhpc.common.dali import choose_loader
-from mlhpc.common.datasets import existing_data_dir
+from mlhpc.common.datasets import existing_data_dir, list_samples, open_sample
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.loaders import torch_data_bundle
 from mlhpc.common.loop import to_device
 from mlhpc.common.npyfile import check_npy
+from mlhpc.common.printable import shown
 from mlhpc.common.registry import DataBundle
 
 SPLITS = ("train", "validation")
@@ -95,16 +96,18 @@ def _write_list(path: Path, names: list[str]) -> None:
 
 # ---------------------------------------------------------------- validation of files
 def read_file_lists(split_dir: Path) -> list[tuple[Path, Path]]:
-    """(data, label) path pairs of one split, in list order; DataError if the lists are broken."""
+    """(data, label) path pairs of one split, in list order; DataError if the lists are broken or
+    name a file that is not in `split_dir` as a regular file (a FIFO would block every reader)."""
+    present = list_samples(split_dir, lambda name: name.endswith((".npy", ".lst")))
     lists = []
     for name in (DATA_LIST, LABEL_LIST):
         path = split_dir / name
-        if not path.is_file():
+        if name not in present:
             raise DataError(
                 f"{path} is missing; the dataset needs {DATA_LIST} and {LABEL_LIST} in "
                 f"{split_dir} (run `mlhpc generate cosmoflow --out DIR` for synthetic data)"
             )
-        lists.append(sorted(line.strip() for line in path.read_text().splitlines() if line.strip()))
+        lists.append(sorted(line.strip() for line in _read_list(path).splitlines() if line.strip()))
     data_names, label_names = lists
     if len(data_names) != len(label_names):
         raise DataError(
@@ -113,7 +116,21 @@ def read_file_lists(split_dir: Path) -> list[tuple[Path, Path]]:
         )
     if not data_names:
         raise DataError(f"{split_dir / DATA_LIST} lists no files; regenerate or restage the dataset")
-    return [(split_dir / d, split_dir / lab) for d, lab in zip(data_names, label_names, strict=True)]
+    for name in (*data_names, *label_names):
+        if name not in present:  # also a name with a folder in it, which could lead out of the split
+            raise DataError(
+                f"{shown(split_dir / name)} is listed but missing from {split_dir}; "
+                "regenerate or restage the dataset"
+            )
+    return [(present[d], present[lab]) for d, lab in zip(data_names, label_names, strict=True)]
+
+
+def _read_list(path: Path) -> str:
+    try:
+        with open_sample(path) as handle:
+            return handle.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} cannot be read as a list of file names ({e}); regenerate it") from e
 
 
 def validate_dataset(cfg: CosmoFlowConfig, data_dir: Path) -> None:
@@ -153,7 +170,8 @@ class CosmoFlowFiles(Dataset):
 
 def _load(path: Path) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        with open_sample(path) as handle:
+            return np.load(handle, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise DataError(f"{path} cannot be read ({e}); regenerate or restage it") from e
 

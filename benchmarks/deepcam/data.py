@@ -20,7 +20,7 @@ from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.model import NUM_CLASSES
 from mlhpc.benchmarks.deepcam.synthetic import write_dataset
 from mlhpc.common.dali import choose_loader
-from mlhpc.common.datasets import existing_data_dir
+from mlhpc.common.datasets import existing_data_dir, list_samples, open_h5, open_sample
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.loaders import torch_data_bundle
@@ -56,53 +56,71 @@ def generate(cfg: DeepCamConfig, out_dir: Path, num_samples: int | None = None, 
 
 # ---------------------------------------------------------------- files and their checks
 def sample_files(split_dir: Path, file_format: str) -> list[tuple[Path, Path | None]]:
-    """(data, label) paths of one split in name order; HDF5 keeps both in one file (label None)."""
+    """(data, label) paths of one split in name order; HDF5 keeps both in one file (label None).
+    DataError for a sample that is not a regular file (a FIFO would block every reader)."""
     if not split_dir.is_dir():
         raise DataError(
             f"{split_dir} does not exist; the dataset needs train/ and validation/ folders "
             "(run `mlhpc generate deepcam --out DIR` for synthetic data)"
         )
+    suffix = ".h5" if file_format == "hdf5" else ".npy"
+    prefixes = ("data-",) if file_format == "hdf5" else ("data-", "label-")
+    present = list_samples(split_dir, lambda name: name.startswith(prefixes) and name.endswith(suffix))
+    data_names = [name for name in present if name.startswith("data-")]  # in name order
     if file_format == "hdf5":
-        pairs: list[tuple[Path, Path | None]] = [(p, None) for p in sorted(split_dir.glob("data-*.h5"))]
+        pairs: list[tuple[Path, Path | None]] = [(present[name], None) for name in data_names]
     else:
         pairs = []
-        for data_path in sorted(split_dir.glob("data-*.npy")):
-            label_path = data_path.with_name("label-" + data_path.name[len("data-") :])
-            if not label_path.is_file():
-                raise DataError(f"{data_path} has no {label_path.name} beside it; regenerate or restage it")
-            pairs.append((data_path, label_path))
+        for name in data_names:
+            label_name = "label-" + name[len("data-") :]
+            if label_name not in present:
+                raise DataError(f"{present[name]} has no {label_name} beside it; regenerate or restage it")
+            pairs.append((present[name], present[label_name]))
     if not pairs:
-        pattern = "data-*.h5" if file_format == "hdf5" else "data-*.npy"
         raise DataError(
-            f"{split_dir} holds no {pattern} files; check --data and data.format={file_format}, "
+            f"{split_dir} holds no data-*{suffix} files; check --data and data.format={file_format}, "
             "or regenerate the dataset"
         )
     return pairs
 
 
+# What hand-damaged HDF5 raises in h5py: OSError for a bad signature or a truncated chunk,
+# KeyError/ValueError/TypeError/RuntimeError for damaged metadata or a dataset of another kind.
+_H5_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
+
+
+def _dataset(handle: h5py.File, key: str, path: Path, fix: str) -> h5py.Dataset:
+    """`handle[key]` when it is a dataset (not a group, a link to nowhere, or missing)."""
+    item = handle.get(key)
+    if not isinstance(item, h5py.Dataset):
+        what = "no" if item is None else f"a {type(item).__name__.lower()} where it needs a"
+        raise DataError(f"{path} has {what} {key} dataset; {fix}")
+    return item
+
+
 def read_stats(data_dir: Path, num_channels: int) -> tuple[np.ndarray, np.ndarray]:
     """(shift, scale) of the min-max normalisation, shaped (C, 1, 1) for channels-first fields."""
     path = Path(data_dir) / STATS_FILE
+    fix = "regenerate the stats file"
     try:
-        with h5py.File(path, "r") as handle:
-            for key in (MIN_KEY, MAX_KEY):
-                if key not in handle:
-                    raise DataError(f"{path} has no {key} dataset; regenerate the stats file")
-            minval = np.asarray(handle[MIN_KEY][...], dtype=np.float64)
-            maxval = np.asarray(handle[MAX_KEY][...], dtype=np.float64)
+        with open_h5(path) as handle:
+            minval = np.asarray(_dataset(handle, MIN_KEY, path, fix)[...], dtype=np.float64)
+            maxval = np.asarray(_dataset(handle, MAX_KEY, path, fix)[...], dtype=np.float64)
     except FileNotFoundError as e:
         raise DataError(f"{path} is missing; the dataset root needs the per-channel {STATS_FILE}") from e
-    except OSError as e:
-        raise DataError(f"{path} is not a readable HDF5 file ({_first_line(e)}); regenerate it") from e
+    except _H5_ERRORS as e:
+        raise DataError(f"{path} is not a readable HDF5 file ({_first_line(e)}); {fix}") from e
     for key, values in ((MIN_KEY, minval), (MAX_KEY, maxval)):
         if values.shape != (num_channels,):
             raise DataError(
                 f"{path}: {key} has shape {list(values.shape)} but the data have {num_channels} "
                 "channels; use the stats file of this dataset"
             )
-    flat = np.flatnonzero(~(maxval > minval))
+    flat = np.flatnonzero(~(maxval > minval) | ~np.isfinite(maxval - minval))
     if flat.size:
-        raise DataError(f"{path}: channel {flat[0]} has maxval <= minval; regenerate the stats file")
+        raise DataError(
+            f"{path}: channel {flat[0]} has maxval <= minval or a non-finite range; regenerate the stats file"
+        )
     shift = minval.astype(np.float32).reshape(-1, 1, 1)
     scale = (1.0 / (maxval - minval)).astype(np.float32).reshape(-1, 1, 1)
     return shift, scale
@@ -110,27 +128,26 @@ def read_stats(data_dir: Path, num_channels: int) -> tuple[np.ndarray, np.ndarra
 
 def check_hdf5_sample(path: Path, shape: tuple[int, int, int]) -> None:
     """Open one sample file: readable, both datasets there, right shapes, class ids in range."""
+    fix = "restage or regenerate it"
     try:
-        with h5py.File(path, "r") as handle:
-            for key in (DATA_KEY, LABEL_KEY):
-                if key not in handle:
-                    raise DataError(f"{path} has no {key} dataset; regenerate or restage it")
-            data, label = handle[DATA_KEY], handle[LABEL_KEY]
+        with open_h5(path) as handle:
+            data, label = (_dataset(handle, key, path, fix) for key in (DATA_KEY, LABEL_KEY))
             if data.shape != shape or data.dtype.kind != "f":
                 raise DataError(
-                    f"{path}: {DATA_KEY} holds {data.dtype}{list(data.shape)}, expected float32"
+                    f"{path}: {DATA_KEY} holds {data.dtype}{list(data.shape or ())}, expected float32"
                     f"{list(shape)}; regenerate it or set data.height / data.width / data.num_channels"
                 )
             if label.shape != shape[:2] or label.dtype.kind not in "iuf":
                 raise DataError(
-                    f"{path}: {LABEL_KEY} holds {label.dtype}{list(label.shape)}, expected integer "
+                    f"{path}: {LABEL_KEY} holds {label.dtype}{list(label.shape or ())}, expected integer "
                     f"class ids{list(shape[:2])}; regenerate or restage it"
                 )
             check_class_ids(path, label[...])
-    except OSError as e:
-        raise DataError(
-            f"{path} is not a readable HDF5 file ({_first_line(e)}); restage or regenerate it"
-        ) from e
+            _ = data[-1, -1]  # the last pixel: a file cut short fails here, not in training
+    except FileNotFoundError as e:
+        raise DataError(f"{path} is listed but missing; {fix}") from e
+    except _H5_ERRORS as e:
+        raise DataError(f"{path} is not a readable HDF5 file ({_first_line(e)}); {fix}") from e
 
 
 def check_class_ids(path: Path, label: np.ndarray) -> None:
@@ -140,7 +157,8 @@ def check_class_ids(path: Path, label: np.ndarray) -> None:
         y, x = np.argwhere(bad)[0]
         raise DataError(
             f"{path}: label class id {label[y, x]} at pixel ({y}, {x}) is out of range; "
-            f"classes are 0..{NUM_CLASSES - 1} (background, tropical cyclone, atmospheric river)"
+            f"classes are 0..{NUM_CLASSES - 1} (background, tropical cyclone, atmospheric river); "
+            "fix the labels, or regenerate or restage the file"
         )
 
 
@@ -159,10 +177,15 @@ def validate_dataset(cfg: DeepCamConfig, data_dir: Path) -> None:
             return
         check_npy(data_path, shape, np.dtype("<f4"), fix=fix)
         check_npy(label_path, shape[:2], LABEL_DTYPES, fix=fix)
-        check_class_ids(label_path, np.load(label_path, mmap_mode="r"))
+        check_class_ids(label_path, _load_npy(label_path))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(check, pairs))
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    with open_sample(path) as handle:
+        return np.load(handle, allow_pickle=False)
 
 
 def _first_line(error: BaseException) -> str:
@@ -185,10 +208,10 @@ class DeepCamFiles(Dataset):
         data_path, label_path = self.pairs[index]
         try:
             if label_path is None:
-                with h5py.File(data_path, "r") as handle:
+                with open_h5(data_path) as handle:
                     return handle[DATA_KEY][...], handle[LABEL_KEY][...]
-            return np.load(data_path), np.load(label_path)
-        except (OSError, KeyError, ValueError) as e:
+            return _load_npy(data_path), _load_npy(label_path)
+        except (*_H5_ERRORS, EOFError) as e:
             raise DataError(f"{data_path} cannot be read ({_first_line(e)}); regenerate or restage it") from e
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from mlhpc.benchmarks.extreme_weather import synthetic
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
 from mlhpc.benchmarks.extreme_weather.model import NUM_CLASSES
-from mlhpc.common.datasets import existing_data_dir
+from mlhpc.common.datasets import existing_data_dir, list_samples, open_h5
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
 from mlhpc.common.registry import DataBundle
@@ -98,7 +99,7 @@ def channel_stats(files: list[Path], max_images: int | None) -> tuple[np.ndarray
     total = sq = None
     pixels = 0
     for path, i in index:
-        with h5py.File(path, "r") as h5:
+        with open_h5(path) as h5:
             image = h5[IMAGES][i].astype(np.float64)
         flat = image.reshape(image.shape[0], -1)
         total = flat.sum(1) if total is None else total + flat.sum(1)
@@ -114,7 +115,7 @@ def channel_stats(files: list[Path], max_images: int | None) -> tuple[np.ndarray
 
 
 def _count(path: Path) -> int:
-    with h5py.File(path, "r") as h5:
+    with open_h5(path) as h5:
         return int(h5[IMAGES].shape[0])
 
 
@@ -190,17 +191,26 @@ def check_file(path: Path, cfg: ExtremeWeatherConfig) -> tuple[int, np.ndarray]:
     """Open one year file and check its datasets; returns (snapshots, boxes array). DataError if wrong."""
     d = cfg.data
     try:
-        with h5py.File(path, "r") as h5:
-            missing = [k for k in (IMAGES, BOXES) if k not in h5]
+        with open_h5(path) as h5:
+            missing = [k for k in (IMAGES, BOXES) if not isinstance(h5.get(k), h5py.Dataset)]
             if missing:
                 raise DataError(
                     f"{path} has no dataset {missing[0]!r}; an ExtremeWeather file holds "
                     f"'{IMAGES}' (N, {d.num_channels}, H, W) and '{BOXES}' (N, {d.max_boxes}, 5)"
                 )
-            images, boxes = h5[IMAGES], h5[BOXES][()]
-            shape = tuple(images.shape)
-    except OSError as e:
-        raise DataError(f"{path} is not a readable HDF5 file ({e}); regenerate or restage it") from e
+            images, boxes = h5[IMAGES], np.asarray(h5[BOXES][()])
+            shape = tuple(images.shape or ())
+            for key, kind in ((IMAGES, images.dtype.kind), (BOXES, boxes.dtype.kind)):
+                if kind not in "fiu":
+                    raise DataError(f"{path} '{key}' does not hold numbers; regenerate or restage it")
+            if len(shape) == 4 and shape[0]:
+                _ = images[-1, -1, -1, -1]  # a file cut short fails here, not in training
+    except FileNotFoundError as e:
+        raise DataError(f"{path} is listed but missing; regenerate or restage it") from e
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+        raise DataError(
+            f"{path} is not a readable HDF5 file ({_first_line(e)}); regenerate or restage it"
+        ) from e
     expected = (d.num_channels, d.height, d.width)
     if len(shape) != 4 or shape[1:] != expected:
         got = "x".join(map(str, shape[1:])) if len(shape) == 4 else f"shape {list(shape)}"
@@ -218,8 +228,13 @@ def check_file(path: Path, cfg: ExtremeWeatherConfig) -> tuple[int, np.ndarray]:
 
 
 def split_files(data_dir: Path, split: str) -> list[Path]:
+    """The year files of one split, in name order; DataError for one that is not a regular file."""
     folder = Path(data_dir) / split
-    files = sorted(folder.glob(FILE_GLOB))
+    files = (
+        list(list_samples(folder, lambda name: fnmatch.fnmatchcase(name, FILE_GLOB)).values())
+        if folder.is_dir()
+        else []
+    )
     if not files:
         raise DataError(
             f"{folder} holds no {FILE_GLOB} file; run `mlhpc generate extreme_weather --out DIR` "
@@ -237,6 +252,10 @@ def validate_dataset(cfg: ExtremeWeatherConfig, data_dir: Path) -> None:
             report = BoxFilter()
             for i in range(count):
                 clean_boxes(boxes[i], cfg.data.height, cfg.data.width, f"{path} index {i}", report)
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 # ---------------------------------------------------------------- torch loading
@@ -266,7 +285,7 @@ class ExtremeWeatherFiles(Dataset):
         f, i = self.index[k]
         # Opened lazily so that each DataLoader worker has its own handle (h5py handles do not fork).
         if f not in self._handles:
-            self._handles[f] = h5py.File(self.files[f], "r")
+            self._handles[f] = open_h5(self.files[f])
         image = self._handles[f][IMAGES][i]
         if not np.isfinite(image).all():
             channel = int(np.argwhere(~np.isfinite(image))[0][0])
@@ -291,7 +310,7 @@ def collate(samples: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> tupl
 def load_stats(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """stats.h5's per-channel mean and std, or the statistics of a sample of training snapshots."""
     path = Path(data_dir) / STATS_FILE
-    if not path.is_file():
+    if not path.exists():
         _log.warning(
             "%s is missing: normalizing with statistics of at most %d training snapshots",
             path,
@@ -299,10 +318,11 @@ def load_stats(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
         )
         return channel_stats(split_files(data_dir, "train"), STATS_SAMPLE_IMAGES)
     try:
-        with h5py.File(path, "r") as h5:
+        with open_h5(path) as h5:
             mean, std = np.asarray(h5["mean"], np.float64), np.asarray(h5["std"], np.float64)
-    except (OSError, KeyError) as e:
-        raise DataError(f"{path} must hold datasets 'mean' and 'std' ({e}); regenerate or delete it") from e
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+        why = _first_line(e)
+        raise DataError(f"{path} must hold datasets 'mean' and 'std' ({why}); regenerate or delete it") from e
     if mean.shape != std.shape or mean.ndim != 1 or not (np.isfinite(mean).all() and (std > 0).all()):
         raise DataError(f"{path}: mean and std must be finite (channels,) arrays with std > 0")
     return mean, std
