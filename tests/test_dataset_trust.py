@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -39,29 +40,31 @@ SETTINGS = settings(
 )
 
 
-def _cfg(cls: type, name: str, *overrides: str) -> object:
-    return load_config(cls, registry.get(name).config_path("mini"), overrides)
-
-
-COSMO = _cfg(CosmoFlowConfig, "cosmoflow", "data.num_train_samples=8", "data.num_eval_samples=2")
+COSMO_SMALL = ("data.num_train_samples=8", "data.num_eval_samples=2")
 DEEPCAM_SMALL = ("data.height=32", "data.width=48", "data.num_train_samples=8", "data.num_eval_samples=4")
-DEEPCAM = _cfg(DeepCamConfig, "deepcam", *DEEPCAM_SMALL)
-DEEPCAM_NPY = _cfg(DeepCamConfig, "deepcam", *DEEPCAM_SMALL, "data.format=numpy")
-WEATHER = _cfg(
-    ExtremeWeatherConfig,
-    "extreme_weather",
-    "data.height=32",
-    "data.width=64",
-    "data.num_train_samples=4",
-    "data.num_eval_samples=2",
-    "data.samples_per_file=2",
-)
-BENCHMARKS = {
-    "cosmoflow": (cosmo, COSMO),
-    "deepcam": (deepcam, DEEPCAM),
-    "deepcam-numpy": (deepcam, DEEPCAM_NPY),
-    "extreme_weather": (weather, WEATHER),
+WEATHER_SMALL = ("data.height=32", "data.width=64", "data.num_train_samples=4", "data.num_eval_samples=2")
+# name: (data module, config class, registered benchmark, overrides of its mini config)
+KINDS: dict[str, tuple[Any, type, str, tuple[str, ...]]] = {
+    "cosmoflow": (cosmo, CosmoFlowConfig, "cosmoflow", COSMO_SMALL),
+    "deepcam": (deepcam, DeepCamConfig, "deepcam", DEEPCAM_SMALL),
+    "deepcam-numpy": (deepcam, DeepCamConfig, "deepcam", (*DEEPCAM_SMALL, "data.format=numpy")),
+    "extreme_weather": (
+        weather,
+        ExtremeWeatherConfig,
+        "extreme_weather",
+        (*WEATHER_SMALL, "data.samples_per_file=2"),
+    ),
 }
+
+
+def _cfg(name: str, *more: str) -> Any:
+    _, cls, bench, overrides = KINDS[name]
+    return load_config(cls, registry.get(bench).config_path("mini"), [*overrides, *more])
+
+
+BENCHMARKS = {name: (module, _cfg(name)) for name, (module, *_) in KINDS.items()}
+DEEPCAM = BENCHMARKS["deepcam"][1]
+WEATHER = BENCHMARKS["extreme_weather"][1]
 # The files each reader opens (a FIFO elsewhere, e.g. a manifest, is not theirs to judge).
 READ = {
     "cosmoflow": ("*.npy", "*.lst"),
@@ -272,9 +275,7 @@ def test_mlhpc_run_with_a_fifo_in_data_is_one_line_and_prompt(
     root = Path(shutil.copytree(datasets[name], tmp_path / "data"))
     victim = _read_files(root, name)[3]
     _replace(victim, "fifo")
-    size = ["data.num_train_samples=8", "data.num_eval_samples=2"]
-    if name == "deepcam":
-        size = [*DEEPCAM_SMALL]
+    size = KINDS[name][3]
     args = [
         "run",
         name,
@@ -300,3 +301,26 @@ def test_mlhpc_run_with_a_fifo_in_data_is_one_line_and_prompt(
     assert proc.stderr.startswith("mlhpc: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert str(victim) in proc.stderr and "FIFO" in proc.stderr
     assert time.monotonic() - started < 60
+
+
+# ---------------------------------------------------------------- errors inside DataLoader workers
+@pytest.mark.parametrize("name", ["cosmoflow", "deepcam"])
+def test_a_sample_damaged_after_validation_is_one_line_from_a_worker(
+    datasets: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """Torch re-raises a worker's error as "Caught DataError in DataLoader worker process 0." and
+    its traceback; the line shown must still be the worker's own, naming the file."""
+    from mlhpc.common.distributed import init_distributed
+
+    module = BENCHMARKS[name][0]
+    cfg = _cfg(name, "data.num_workers=1", "loop.global_batch_size=2")
+    root = Path(shutil.copytree(datasets[name], tmp_path / "data"))
+    bundle = module.build_data(cfg, root, init_distributed("auto", "cpu"), seed=1)
+    for path in _read_files(root, name):
+        if path.parent.name == "validation" and path.suffix in (".npy", ".h5") and "label" not in path.name:
+            path.write_bytes(path.read_bytes()[:100])  # cut short after the check
+    with no_hang(), pytest.raises(DataError) as refused:
+        list(bundle.validation)
+    message = str(refused.value)
+    assert "\n" not in message and "Caught" not in message, message
+    assert str(root / "validation") in message and "regenerate or restage" in message, message

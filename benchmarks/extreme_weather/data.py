@@ -17,7 +17,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import Dataset, DistributedSampler, Subset
 
 from mlhpc.benchmarks.extreme_weather import synthetic
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
@@ -25,6 +25,7 @@ from mlhpc.benchmarks.extreme_weather.model import NUM_CLASSES
 from mlhpc.common.datasets import existing_data_dir, list_samples, open_h5
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
+from mlhpc.common.loaders import OneLineLoader
 from mlhpc.common.registry import DataBundle
 
 SPLITS = ("train", "validation")
@@ -368,8 +369,8 @@ def build_data(cfg: ExtremeWeatherConfig, data_dir: Path, ctx: DistContext, seed
     # Disjoint, unpadded validation shards: the gathered mAP sees every snapshot once.
     shard = Subset(validation, range(ctx.rank, len(validation), ctx.world_size))
     return DataBundle(
-        train=DataLoader(train, batch_size=batch, sampler=sampler, drop_last=True, **loader_args),
-        validation=DataLoader(shard, batch_size=batch, shuffle=False, **loader_args),
+        train=OneLineLoader(train, batch_size=batch, sampler=sampler, drop_last=True, **loader_args),
+        validation=OneLineLoader(shard, batch_size=batch, shuffle=False, **loader_args),
         train_samples=len(train),
         eval_samples=len(validation),
         set_epoch=sampler.set_epoch,
