@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.layout import Scaling, breakdown_file, result_file, results_dir
+from mlhpc.common.vocabulary import DEFAULT_RULESET, DIVISIONS, RULESETS, STATUSES
 
 CAMPAIGN_FILE = "campaign.json"
 CAMPAIGN_FORMAT = 1
@@ -42,12 +44,8 @@ at 2**64 (a sampler adds the epoch to the seed)."""
 MAX_RUNS = 10_000
 """The most results one campaign entry holds (--seeds, --instances, --index + 1): a bound far
 above any rule's (10 seeds), so that `--index 1000000000` is refused instead of planned."""
-DEFAULTS: dict[str, str] = {"submitter": "mlhpc", "status": "onprem", "ruleset": "3.0.0"}
-CHOICES: dict[str, tuple[str, ...]] = {
-    "division": ("closed", "open"),
-    "status": ("onprem", "cloud", "preview", "research"),
-    "ruleset": ("1.0.0", "2.0.0", "3.0.0"),
-}
+DEFAULTS: dict[str, str] = {"submitter": "mlhpc", "status": "onprem", "ruleset": DEFAULT_RULESET}
+CHOICES: dict[str, tuple[str, ...]] = {"division": DIVISIONS, "status": STATUSES, "ruleset": RULESETS}
 SETTING_FLAGS: dict[str, str] = {
     "submitter": "--submitter",
     "system": "--system",
@@ -55,6 +53,25 @@ SETTING_FLAGS: dict[str, str] = {
     "status": "--status",
     "ruleset": "--ruleset",
 }
+
+
+def seed_of(first_seed: int, index: int) -> int:
+    """The seed of result_<index>.txt in a campaign from `first_seed`: the one place the rule
+    "index i runs first_seed + i" is written (scripts and jobs receive the seeds it gives)."""
+    return first_seed + index
+
+
+def first_seed_of(seed: int, index: int) -> int:
+    """The first seed of the campaign in which result_<index>.txt ran `seed` (seed_of's inverse)."""
+    return seed - index
+
+
+def draw_first_seed() -> int:
+    """A random first seed, the planner's one way to draw one: up to 2**24, leaving every later
+    seed (first + index, index below MAX_RUNS) far under MAX_SEED."""
+    return secrets.randbelow(1 << 24) + 1
+
+
 # A submitter or system names a folder of the submission: one plain path component.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
 
@@ -162,6 +179,11 @@ class CampaignPlan:
         return self.out / self.settings.submitter
 
     @property
+    def first_seed(self) -> int:
+        """The seed of index 0, from which `seed_of` gives every other."""
+        return self.seeds[0]
+
+    @property
     def system(self) -> str:
         assert self.settings.system is not None, "the system is named by the first run on a compute node"
         return self.settings.system
@@ -253,14 +275,16 @@ def check_numbers(*, seeds: int, first_seed: int | None, index: int | None, flag
     of `seeds` runs (and `index`) from `first_seed` has a seed torch and NumPy accept. Called
     where the options are parsed and again by the planner, before anything is recorded."""
     if not 1 <= seeds <= MAX_RUNS:
-        raise ConfigError(f"{flag} {seeds} must be from 1 to {MAX_RUNS}; pass {flag} 1 or more")
+        raise ConfigError(f"{flag} {seeds} must be from 1 to {MAX_RUNS}; pass a count in that range")
     if index is not None and not 0 <= index < MAX_RUNS:
-        raise ConfigError(f"--index {index} must be from 0 to {MAX_RUNS - 1}; pass the run's index in its campaign")
+        raise ConfigError(
+            f"--index {index} must be from 0 to {MAX_RUNS - 1}; pass the run's index in its campaign"
+        )
     last = max(seeds, (index or 0) + 1) - 1
     if first_seed is not None and not 1 <= first_seed <= MAX_SEED - last:
         raise ConfigError(
             f"--first-seed {first_seed} must be from 1 to {MAX_SEED - last} (every seed, first seed + index, "
-            f"is at most {MAX_SEED}); pass a smaller --first-seed"
+            f"is at most {MAX_SEED}); pass a --first-seed in that range, or none for a random one"
         )
 
 
@@ -306,7 +330,7 @@ def plan_campaign(
     if request.index is not None:
         count = max(count, request.index + 1)
     first = _first_seed(request, entry, fresh, count, where) or random_first_seed()
-    seeds = tuple(first + i for i in range(count))
+    seeds = tuple(seed_of(first, i) for i in range(count))
     if request.index is not None:
         to_run: tuple[int, ...] = (request.index,)
     else:
@@ -369,10 +393,8 @@ def _first_seed(
     """The campaign's first seed: its finished runs' (checked against --first-seed and the record),
     else the recorded one (the first run into --out fixed it: a different --first-seed is refused,
     none follows it), else --first-seed; None: pick one."""
-    from mlhpc.resume import resumed_first_seed
-
     folder = fresh.folder or where.parent
-    first = resumed_first_seed(dict(fresh.finished), count, request.first_seed, folder)
+    first = _resumed_first_seed(dict(fresh.finished), count, request.first_seed, folder)
     if entry is not None and fresh.finished and first != entry.first_seed:
         index = min(fresh.finished)
         raise SubmissionError(
@@ -392,6 +414,29 @@ def _first_seed(
         raise SubmissionError(
             f"the results in {folder} fix this campaign's first seed at {first}, so its seeds leave "
             f"1..{MAX_SEED}; move those results away, or pass a new --out"
+        )
+    return first
+
+
+def _resumed_first_seed(
+    finished: dict[int, int], count: int, first_seed: int | None, where: Path
+) -> int | None:
+    """The campaign's first seed as its finished runs fix it (index i ran first + i), or
+    `first_seed` when nothing is finished; a ConfigError when they disagree."""
+    if not finished:
+        return first_seed
+    index, seed = min(finished.items())
+    first = first_seed_of(seed, index)
+    if first_seed is not None and first_seed != first:
+        raise ConfigError(
+            f"{where / f'result_{index}.txt'} ran seed {seed}, so this campaign's first seed is "
+            f"{first}, not --first-seed {first_seed}; drop --first-seed to resume"
+        )
+    clash = [i for i, s in finished.items() if i >= count or s != seed_of(first, i)]
+    if clash:
+        raise ConfigError(
+            f"{where / f'result_{clash[0]}.txt'} does not belong to a campaign of {count} seeds from "
+            f"{first}; pass the campaign's --seeds, or a new --out"
         )
     return first
 
