@@ -20,6 +20,11 @@
 #               torchrun always gets `-m mlhpc`)
 #   DRY_RUN     1: print the command and exit 0
 #
+# Arguments: when given, they are the whole `mlhpc` command line (`run <benchmark> ...`) and the
+# variables that build one (CONFIG, OUT, RUN_INDEX, DATA, EXTRA_ARGS) are not read; SEED must then
+# be the run's seed, for the RESULT line. `mlhpc run --slurm` writes its seed jobs so, from the
+# campaign's options (RunOptions.to_argv) and the seed its planner gave: nothing is rebuilt here.
+#
 # Prints STARTING/ENDING TIMING RUN lines, and RESULT,<benchmark>,<seed>,<seconds>,<user>,<start>
 # only when the run succeeded; exits with mlhpc's exit status (2: config error, taken index, or
 # target not reached; 127: the launcher or mlhpc is not on PATH, e.g. the venv is not activated).
@@ -28,7 +33,6 @@ set -euo pipefail
 BENCHMARK=${BENCHMARK:-cosmoflow}
 CONFIG=${CONFIG:-mini}
 RUN_INDEX=${RUN_INDEX:-0}
-SEED=${SEED:-$((RANDOM * 32768 + RANDOM + 1 + RUN_INDEX))}
 OUT=${OUT:-}
 DATA=${DATA:-}
 
@@ -37,10 +41,17 @@ die() {
     exit 2
 }
 
-[[ -n $OUT ]] || die "set OUT to the submission root, e.g. OUT=runs/cosmoflow"
-[[ $RUN_INDEX =~ ^(0|[1-9][0-9]*)$ ]] || die "RUN_INDEX=$RUN_INDEX must be 0, 1, 2, ..."
+if (($# > 0)); then
+    [[ -n ${SEED:-} ]] || die "with a command line given, set SEED to its run's seed (for the RESULT line)"
+else
+    # By hand or in a job array: the one place left that draws a seed and does the seed arithmetic
+    # (the RESULT line names the seed before the run; see docs/RUNNING.md).
+    SEED=${SEED:-$((RANDOM * 32768 + RANDOM + 1 + RUN_INDEX))}
+    [[ -n $OUT ]] || die "set OUT to the submission root, e.g. OUT=runs/cosmoflow"
+    [[ $RUN_INDEX =~ ^(0|[1-9][0-9]*)$ ]] || die "RUN_INDEX=$RUN_INDEX must be 0, 1, 2, ..."
+fi
 [[ $SEED =~ ^[1-9][0-9]*$ ]] || die "SEED=$SEED must be a positive integer"
-((SEED > RUN_INDEX)) || die "SEED=$SEED must be above RUN_INDEX=$RUN_INDEX (the campaign's first seed is SEED - RUN_INDEX)"
+(($# > 0 || SEED > RUN_INDEX)) || die "SEED=$SEED must be above RUN_INDEX=$RUN_INDEX (the campaign's first seed is SEED - RUN_INDEX)"
 
 # Split on whitespace without glob expansion: overrides such as decay_boundary_epochs=[8,10] stay intact.
 read -r -a launcher <<<"${LAUNCHER:-}"
@@ -60,8 +71,13 @@ if [[ -n ${SLURM_CPUS_PER_TASK:-} && -z ${OMP_NUM_THREADS:-} ]]; then
     export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
 fi
 
-cmd=("${launcher[@]}" "${mlhpc[@]}" run "$BENCHMARK" --config "$CONFIG" --index "$RUN_INDEX"
-    --first-seed "$((SEED - RUN_INDEX))" --out "$OUT" --no-check ${DATA:+--data "$DATA"} "${extra[@]}")
+if (($# > 0)); then
+    run_args=("$@")
+else
+    run_args=(run "$BENCHMARK" --config "$CONFIG" --index "$RUN_INDEX" --first-seed "$((SEED - RUN_INDEX))"
+        --out "$OUT" --no-check ${DATA:+--data "$DATA"} "${extra[@]}")
+fi
+cmd=("${launcher[@]}" "${mlhpc[@]}" "${run_args[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
     printf '%q ' "${cmd[@]}"
     echo

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.vocabulary import Division
 
 GROUP = "mlhpc.benchmarks"
 """The entry point group every benchmark is declared in (built-ins in mlhpc's pyproject.toml)."""
@@ -29,7 +30,6 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _OBJECT_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 _log = logging.getLogger(__name__)
 
-Division = Literal["closed", "open"]
 MemoryFormat = Literal["contiguous", "channels_last", "channels_last_3d"]
 
 

@@ -30,6 +30,7 @@ from mlhpc.common.progress import SILENT, Progress, staging_line
 from mlhpc.common.registry import Benchmark, DataBundle
 from mlhpc.common.seeding import seed_everything
 from mlhpc.common.timing import Breakdown, PhaseTimer
+from mlhpc.common.vocabulary import Division, Status
 
 __all__ = ["LoopConfig", "RunResult", "StagedData", "SubmissionInfo", "init_events", "train_to_target"]
 
@@ -47,8 +48,8 @@ class SubmissionInfo:
     """The submission_* keys every MLLOG file carries."""
 
     org: str
-    division: Literal["closed", "open"] = "closed"
-    status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
+    division: Division = "closed"
+    status: Status = "onprem"
     platform: str
 
 

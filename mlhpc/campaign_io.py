@@ -24,6 +24,7 @@ from mlhpc.campaign import (
     Settings,
     check_setting,
     config_identity,
+    draw_first_seed,
     plan_campaign,
 )
 from mlhpc.common.errors import ConfigError, DataError, SubmissionError
@@ -108,7 +109,9 @@ def _entry(key: object, entry: Any) -> Entry:
         raise ValueError(f"entry {key}: seeds and first_seed must be whole numbers")
     # What a resume would run: every seed within what torch and NumPy take, a bounded count.
     if not (1 <= seeds <= MAX_RUNS and 1 <= first <= MAX_SEED - (seeds - 1)):
-        raise ValueError(f"entry {key}: seeds 1..{MAX_RUNS} from a first_seed that keeps them in 1..{MAX_SEED}")
+        raise ValueError(
+            f"entry {key}: seeds 1..{MAX_RUNS} from a first_seed that keeps them in 1..{MAX_SEED}"
+        )
     return Entry(
         config=str(entry["config"]),
         config_id=str(entry["config_id"]),
@@ -223,7 +226,9 @@ def check_data_path(data: Path | None, out: Path) -> None:
                 f"--data {data} is an archive, not a dataset folder; stage it first "
                 f"(mlhpc stage {data} DEST, then --data DEST), or point --data at the dataset's folder"
             )
-        raise DataError(f"--data {data} is a file, not a dataset folder; point --data at the dataset's folder")
+        raise DataError(
+            f"--data {data} is a file, not a dataset folder; point --data at the dataset's folder"
+        )
     held, holder = Path(out).resolve(), data.resolve()
     if held == holder or holder in held.parents:
         raise ConfigError(
@@ -232,7 +237,9 @@ def check_data_path(data: Path | None, out: Path) -> None:
         )
 
 
-def plan_out(request: CampaignRequest, random_first_seed: Callable[[], int]) -> CampaignPlan:
+def plan_out(
+    request: CampaignRequest, random_first_seed: Callable[[], int] = draw_first_seed
+) -> CampaignPlan:
     """`plan_campaign` on what --out holds now, after the checks every route makes before a plan
     is recorded (the caller holds --out's lock when it records it: `record_plan`)."""
     check_data_path(request.data, request.out)

@@ -4,7 +4,6 @@ to init_stop, building nothing heavy: a site checks a config on a login node bef
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,19 +15,20 @@ from mlhpc.common.errors import ConfigError
 from mlhpc.common.launch import detect_launch
 from mlhpc.common.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.mllogger import MLLog, constants
-from mlhpc.runner import RunOptions, campaign_request, check_options, plan_line
+from mlhpc.run_options import RunOptions, check_planned
+from mlhpc.runner import campaign_request, plan_line
 from mlhpc.system_desc import stable_system_name
 
 
-def dry_run(opts: RunOptions, *, device: str = "auto") -> int:
+def dry_run(opts: RunOptions) -> int:
     """Resolve and validate everything a run would before training, through the same planner (a
     taken --index, a changed config or a different first seed is refused here as in the run);
     print its MLLOG events up to init_stop (the first run's) and the plan. 0 when the run would
-    start; one line naming the fix (ConfigError, DataError, SubmissionError) when it would not."""
-    check_options(opts)
+    start; one line naming the fix (ConfigError, DataError, SubmissionError) when it would not.
+    `opts` passed check_options where they were built (commands/run.py)."""
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     bench, cfg = resolved.benchmark, resolved.cfg
-    ctx = _context(device, opts.instances)
+    ctx = _context(opts.device, opts.instances)
     if ctx.world_size % opts.instances:
         raise ConfigError(
             f"--instances {opts.instances} does not divide the {ctx.world_size} rank(s); "
@@ -39,8 +39,8 @@ def dry_run(opts: RunOptions, *, device: str = "auto") -> int:
     resolved.check_model(opts.config)
     scaling = "weak" if opts.instances > 1 else "strong"
     request = campaign_request(opts, resolved, scaling, stable_system_name(ctx))
-    plan = plan_out(request, lambda: int.from_bytes(os.urandom(3), "little") + 1)
-    check_options(replace(opts, ruleset=plan.settings.ruleset))  # the ruleset may be the campaign file's
+    plan = plan_out(request)
+    check_planned(opts, plan.settings.ruleset)  # the ruleset may be the campaign file's
     if opts.data is not None:
         bench.validate_dataset(cfg, opts.data)
     settings = plan.settings

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mlhpc.common import safe_read
-from mlhpc.common.errors import ConfigError, SubmissionError
+from mlhpc.common.errors import SubmissionError
 
 
 def finished_runs(paths: Iterable[Path]) -> dict[int, int]:
@@ -57,26 +57,3 @@ def _whole_number(text: str) -> int | None:
     except ValueError:
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def resumed_first_seed(
-    finished: dict[int, int], count: int, first_seed: int | None, where: Path
-) -> int | None:
-    """The campaign's first seed as its finished runs fix it (index i ran first + i), or
-    `first_seed` when nothing is finished; a ConfigError when they disagree."""
-    if not finished:
-        return first_seed
-    index, seed = min(finished.items())
-    first = seed - index
-    if first_seed is not None and first_seed != first:
-        raise ConfigError(
-            f"{where / f'result_{index}.txt'} ran seed {seed}, so this campaign's first seed is "
-            f"{first}, not --first-seed {first_seed}; drop --first-seed to resume"
-        )
-    clash = [i for i, s in finished.items() if i >= count or s != first + i]
-    if clash:
-        raise ConfigError(
-            f"{where / f'result_{clash[0]}.txt'} does not belong to a campaign of {count} seeds from "
-            f"{first}; pass the campaign's --seeds, or a new --out"
-        )
-    return first

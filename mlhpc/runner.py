@@ -5,16 +5,15 @@ Every rank runs this; rank 0 alone writes the submission directory.
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -24,7 +23,7 @@ from mlhpc.campaign_io import ResolvedConfig, given_settings, plan_out, record_p
 from mlhpc.common import registry
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
-from mlhpc.common.errors import ConfigError, MlhpcError, TrainingError
+from mlhpc.common.errors import MlhpcError, TrainingError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.layout import Scaling, implementation_dir, system_json_path
 from mlhpc.common.locks import FolderBusy, folder_lock
@@ -33,54 +32,13 @@ from mlhpc.common.mllogger import MLLog
 from mlhpc.common.progress import SILENT, CampaignClock, Progress, seed_line
 from mlhpc.generation import SizeCheck, generate_dataset, run_size_check
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
-from mlhpc.staging import Communicator, comm_for, resolve_local_dir, stage_dataset
+from mlhpc.run_options import RunOptions, check_planned
+from mlhpc.run_options import check_options as check_options  # where older callers import it
+from mlhpc.staging import Communicator, StageRequest, comm_for, resolve_local_dir, stage_dataset
 from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import describe_system, merge_system_json, stable_system_name, write_system_json
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    """Everything `mlhpc run` was asked to do."""
-
-    benchmark: str
-    config: str = "mini"
-    overrides: tuple[str, ...] = ()
-    seeds: int = 1
-    first_seed: int | None = None
-    out: Path
-    data: Path | None = None
-    local_dir: Path | None = None
-    allow_size: int | None = None
-    """--allow-size: the largest synthetic dataset over 4 GiB this run may generate (bytes)."""
-    submitter: str | None = None
-    """None: the campaign file's, else mlhpc (the same for system, division, status, ruleset)."""
-    system: str | None = None
-    """None: the campaign file's, else this machine's stable_system_name."""
-    division: Literal["closed", "open"] | None = None
-    """None: the campaign file's, else the benchmark's default for the config."""
-    status: Literal["onprem", "cloud", "preview", "research"] | None = None
-    ruleset: str | None = None
-    campaign: Path | None = None
-    """--campaign FILE: submission-wide settings given as a campaign file."""
-    staging: Literal["inside", "before"] = "inside"
-    staging_io: Literal["auto", "buffered", "direct", "kernel"] = "auto"
-    """The staging copy's I/O path (`mlhpc stage --io`)."""
-    durable: bool = False
-    """Have the staged copy on disk before staging ends (`mlhpc stage --durable`)."""
-    clear_cache: bool = False
-    check: bool = True
-    resume: bool = False
-    """Keep the campaign's finished runs in `out` and run only the missing or failed ones."""
-    index: int | None = None
-    """Run result index `index` of the campaign alone, straight into the submission."""
-    instances: int = 1
-    """Weak scaling: split the ranks into this many groups, each training its own model at once."""
-    power: bool = False
-    """Sample each node's power while a run is timed into <entry>/power/result_<i>/node_<host>.txt."""
-    mllog_stdout: bool = False
-    """Echo the MLLOG events on stdout too (they always go to the result files)."""
 
 
 @dataclass
@@ -92,30 +50,6 @@ class CampaignResult:
     kept: list[int] = field(default_factory=list)
     """Result indices a resumed campaign kept from before."""
     check_status: int | None = None
-
-
-def check_options(opts: RunOptions) -> None:
-    """The combinations of options the rules or the campaign model refuse, as one ConfigError."""
-    if opts.staging == "before" and opts.ruleset in ("1.0.0", "2.0.0"):
-        raise ConfigError(
-            f"--staging before is not allowed by HPC ruleset {opts.ruleset}: it requires staging "
-            "inside run_start..run_stop; use --staging inside or --ruleset 3.0.0"
-        )
-    weak = opts.instances > 1
-    if weak and opts.seeds != 1:
-        raise ConfigError(f"--instances {opts.instances} trains one model per instance; drop --seeds")
-    if weak and opts.index is not None:
-        raise ConfigError(f"--instances {opts.instances} trains every model at once; drop --index")
-    if weak and opts.power:
-        raise ConfigError(
-            "--power with --instances: instances sharing a node would each count its whole power; "
-            "measure a strong-scaling campaign, or leave out --power"
-        )
-    if weak and opts.resume:
-        raise ConfigError(
-            "a weak-scaling job is timed as one (earliest run_start to latest run_stop), so it "
-            "cannot be resumed; run it again into a new --out"
-        )
 
 
 def campaign_request(
@@ -140,11 +74,12 @@ def campaign_request(
     )
 
 
-def plan_and_record(request: CampaignRequest, claims: ExitStack) -> CampaignPlan:
-    """Plan the campaign, take the run lock of each index it runs (into `claims`), clear those
-    indices' half-written logs and write the campaign file. The caller holds --out's lock."""
-    random_seed = lambda: int.from_bytes(os.urandom(3), "little") + 1  # noqa: E731
-    plan = plan_out(request, random_seed)
+def plan_and_record(request: CampaignRequest, claims: ExitStack, opts: RunOptions) -> CampaignPlan:
+    """Plan the campaign, check `opts` under its ruleset, take the run lock of each index it runs
+    (into `claims`), clear those indices' half-written logs and write the campaign file. The
+    caller holds --out's lock."""
+    plan = plan_out(request)
+    check_planned(opts, plan.settings.ruleset)  # the ruleset may be the campaign file's
     for index in plan.to_run:
         claims.enter_context(
             folder_lock(plan.run_lock_dir(index), f"mlhpc run --index {index}", "wait for that run to end")
@@ -162,8 +97,9 @@ def plan_and_record(request: CampaignRequest, claims: ExitStack) -> CampaignPlan
 
 def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     """Strong scaling: the seeds one after another on all ranks (or one index, --index). Weak
-    scaling (instances > 1): the ranks split into groups that each train one model at once."""
-    check_options(opts)
+    scaling (instances > 1): the ranks split into groups that each train one model at once.
+    `opts` passed check_options where they were built (commands/run.py); the plan checks them
+    again under its ruleset before anything is recorded."""
     weak = opts.instances > 1
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     group = ctx.split(opts.instances) if weak else ctx
@@ -174,11 +110,11 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     with ExitStack() as claims:
         if opts.index is None:  # --out stays locked for the whole campaign
             claims.enter_context(holding_out(ctx, Path(opts.out), what))
-            plan = on_main(ctx, lambda: plan_and_record(request, claims))
+            plan = on_main(ctx, lambda: plan_and_record(request, claims, opts))
             data_dir = _prepare(opts, ctx, resolved, plan)
         else:  # one index: --out locked only to plan and prepare, so Slurm tasks run side by side
             with holding_out(ctx, Path(opts.out), f"{what} --index {opts.index}", wait_s=INDEX_WAIT_S):
-                plan = on_main(ctx, lambda: plan_and_record(request, claims))
+                plan = on_main(ctx, lambda: plan_and_record(request, claims, opts))
                 data_dir = _prepare(opts, ctx, resolved, plan)
         return _train(opts, ctx, resolved, group, plan, data_dir)
 
@@ -189,7 +125,6 @@ INDEX_WAIT_S = 600
 
 def _prepare(opts: RunOptions, ctx: DistContext, resolved: ResolvedConfig, plan: CampaignPlan) -> Path:
     """The dataset (generated if none was given), validated, and the submission's files."""
-    check_options(replace(opts, ruleset=plan.settings.ruleset))  # the ruleset may be the campaign file's
     bench, cfg = resolved.benchmark, resolved.cfg
     local_root = resolve_local_dir(opts.local_dir)
     if ctx.local_rank == 0:  # each node's own local dir
@@ -256,7 +191,9 @@ def _train(
     if opts.check and ctx.is_main:
         from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
-        campaign.check_status = check_command(plan.org_dir, ruleset=s.ruleset, ruleset_reason=CAMPAIGN_RULESET)
+        campaign.check_status = check_command(
+            plan.org_dir, ruleset=s.ruleset, ruleset_reason=CAMPAIGN_RULESET
+        )
     return campaign
 
 
@@ -438,13 +375,8 @@ def _stage(
     data_dir: Path, stage_dir: Path, ctx: DistContext, comm: Communicator, opts: RunOptions
 ) -> StagedData:
     """Every node gets the whole dataset (the loaders read all of it), the source read once."""
-    report = stage_dataset(
-        data_dir,
-        stage_dir,
-        comm=comm,
-        mode="replicate",
-        progress=ctx.is_main,
-        io=opts.staging_io,
-        durable=opts.durable,
+    request = StageRequest(
+        data_dir, stage_dir, mode="replicate", progress=ctx.is_main, io=opts.staging_io, durable=opts.durable
     )
+    report = stage_dataset(request, comm)
     return StagedData(path=stage_dir, metadata=report.metadata())

@@ -6,12 +6,11 @@ pure; `submit` calls sbatch."""
 from __future__ import annotations
 
 import argparse
-import secrets
 import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlhpc.campaign import SETTING_FLAGS, CampaignPlan, CampaignRequest, check_numbers
@@ -19,19 +18,10 @@ from mlhpc.campaign_io import given_settings, plan_out, record_plan, resolve_con
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.locks import folder_lock
+from mlhpc.run_options import RunOptions, check_planned
 from mlhpc.staging.manifest import MANIFEST_NAME
 
 SBATCH_TIMEOUT_S = 60
-# `mlhpc run` flags a seed job passes on to its own `mlhpc run` (attribute, flag); the
-# submission-wide settings (submitter, system, ...) reach it through <out>/campaign.json.
-_PASSED_ON = (
-    ("staging", "--staging"),
-    ("io", "--io"),
-    ("backend", "--backend"),
-    ("device", "--device"),
-    ("local_dir", "--local-dir"),
-)
-_SWITCHES = (("clear_cache", "--clear-cache"), ("durable", "--durable"), ("resume", "--resume"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +71,9 @@ class SlurmCampaign:
     overrides: tuple[str, ...] = ()
     generate_flags: tuple[str, ...] = ()
     """Passed on to the data job's `mlhpc generate` (--allow-size: the login node checked the size)."""
-    run_flags: tuple[str, ...] = ()
+    options: RunOptions
+    """The campaign's options with absolute paths and the plan's first seed: each seed job runs
+    them with its --index (`seed_argv`), so every `mlhpc run` flag reaches it."""
     run_and_time: Path
     mlhpc_cmd: tuple[str, ...]
     resources: SlurmResources = field(default_factory=SlurmResources)
@@ -89,6 +81,10 @@ class SlurmCampaign:
     @property
     def slurm_dir(self) -> Path:
         return self.out / "slurm"
+
+    def seed_argv(self, index: int) -> list[str]:
+        """The `mlhpc` command line of seed job `index` (the check is the check job's)."""
+        return replace(self.options, index=index, check=False).to_argv()
 
 
 @dataclass(frozen=True)
@@ -125,54 +121,67 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def campaign_request(args: argparse.Namespace) -> CampaignRequest:
-    """The campaign `mlhpc run ... --slurm` asks for, its config loaded and validated here on the
-    login node; refuses what a job per seed cannot do."""
-    if getattr(args, "instances", 1) > 1:
-        raise ConfigError("--slurm submits the seeds of a strong-scaling campaign; drop --instances")
-    if getattr(args, "index", None) is not None:
-        raise ConfigError("--slurm submits a job per index itself; drop --index")
-    check_numbers(seeds=args.seeds, first_seed=args.first_seed, index=None)
-    bad = [o for o in args.overrides if any(c.isspace() for c in o)]
-    if bad:
-        raise ConfigError(f"override {bad[0]!r} holds whitespace, which run_and_time.sh splits on; remove it")
-    resolved = resolve_config(args.benchmark, args.config, tuple(args.overrides))
-    flags = {name: getattr(args, name, None) for name in SETTING_FLAGS}
-    return CampaignRequest(
-        benchmark=resolved.info.name,
-        config=str(Path(args.config).absolute()) if Path(args.config).suffix else args.config,
-        config_id=resolved.config_id,
-        out=Path(args.out).absolute(),
-        seeds=args.seeds,
-        first_seed=args.first_seed,
-        resume=getattr(args, "resume", False),
-        data=Path(args.data).absolute() if args.data else None,
-        settings=given_settings(getattr(args, "campaign", None), flags),
-        default_system=None,  # the login node's hardware is not the compute nodes'
-        default_division=resolved.default_division,
-    )
-
-
-def plan(request: CampaignRequest) -> CampaignPlan:
-    """`campaign.plan_campaign` on what --out holds now."""
-    return plan_out(request, lambda: secrets.randbelow(1 << 24) + 1)
-
-
-def slurm_campaign(args: argparse.Namespace, p: CampaignPlan, request: CampaignRequest) -> SlurmCampaign:
-    """The job scripts' view of plan `p`."""
-    resources = SlurmResources(
+def resources_from_args(args: argparse.Namespace) -> SlurmResources:
+    """The --slurm-* options `add_slurm_arguments` reads."""
+    return SlurmResources(
         nodes=args.slurm_nodes,
         ntasks_per_node=args.slurm_ntasks_per_node,
         time=args.slurm_time,
         partition=args.slurm_partition,
         sbatch_args=tuple(args.sbatch_arg),
     )
-    flags: list[str] = []
-    for attribute, flag in _PASSED_ON:
-        value = getattr(args, attribute, None)
-        if value is not None:
-            flags += [flag, str(Path(value).absolute()) if attribute == "local_dir" else str(value)]
-    flags += [flag for attribute, flag in _SWITCHES if getattr(args, attribute, False)]
+
+
+def absolute(opts: RunOptions) -> RunOptions:
+    """`opts` with every path absolute (a job runs in another folder) and a config path too."""
+    path = lambda p: None if p is None else Path(p).absolute()  # noqa: E731
+    config = str(Path(opts.config).absolute()) if Path(opts.config).suffix else opts.config
+    return replace(
+        opts,
+        config=config,
+        out=Path(opts.out).absolute(),
+        data=path(opts.data),
+        local_dir=path(opts.local_dir),
+        campaign=path(opts.campaign),
+    )
+
+
+def campaign_request(opts: RunOptions) -> CampaignRequest:
+    """The campaign `mlhpc run ... --slurm` asks for, its config loaded and validated here on the
+    login node; refuses what a job per seed cannot do. `opts` passed check_options."""
+    if opts.instances > 1:
+        raise ConfigError("--slurm submits the seeds of a strong-scaling campaign; drop --instances")
+    if opts.index is not None:
+        raise ConfigError("--slurm submits a job per index itself; drop --index")
+    check_numbers(seeds=opts.seeds, first_seed=opts.first_seed, index=None)
+    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
+    opts = absolute(opts)
+    return CampaignRequest(
+        benchmark=resolved.info.name,
+        config=opts.config,
+        config_id=resolved.config_id,
+        out=opts.out,
+        seeds=opts.seeds,
+        first_seed=opts.first_seed,
+        resume=opts.resume,
+        data=opts.data,
+        settings=given_settings(opts.campaign, {name: getattr(opts, name) for name in SETTING_FLAGS}),
+        default_system=None,  # the login node's hardware is not the compute nodes'
+        default_division=resolved.default_division,
+    )
+
+
+def plan(request: CampaignRequest) -> CampaignPlan:
+    """`campaign.plan_campaign` on what --out holds now (the planner draws a first seed if none)."""
+    return plan_out(request)
+
+
+def slurm_campaign(
+    opts: RunOptions, p: CampaignPlan, request: CampaignRequest, resources: SlurmResources | None = None
+) -> SlurmCampaign:
+    """The job scripts' view of plan `p`: each seed job runs `opts` with the plan's first seed."""
+    check_planned(opts, p.settings.ruleset)  # the campaign file's ruleset, refused here, not per job
+    options = replace(absolute(opts), data=p.data, first_seed=p.first_seed)
     return SlurmCampaign(
         benchmark=p.benchmark,
         config=request.config,
@@ -184,12 +193,12 @@ def slurm_campaign(args: argparse.Namespace, p: CampaignPlan, request: CampaignR
         to_run=p.to_run,
         data=p.data,
         generate=p.generated_data and not (p.data / MANIFEST_NAME).is_file(),
-        overrides=tuple(args.overrides),
-        generate_flags=("--allow-size", str(args.allow_size)) if args.allow_size else (),
-        run_flags=tuple(flags),
+        overrides=opts.overrides,
+        generate_flags=("--allow-size", str(opts.allow_size)) if opts.allow_size else (),
+        options=options,
         run_and_time=find_run_and_time(),
         mlhpc_cmd=(sys.executable, "-m", "mlhpc"),
-        resources=resources,
+        resources=resources or SlurmResources(),
     )
 
 
@@ -293,20 +302,17 @@ def seed_script(c: SlurmCampaign, index: int) -> str:
     body = [
         "# Node-local disk to stage to; srun passes it to every rank.",
         'export MLHPC_LOCAL_DIR="${MLHPC_LOCAL_DIR:-${SLURM_TMPDIR:-/tmp}}"',
+        "# The run's command line is the campaign's options (RunOptions.to_argv); BENCHMARK and SEED",
+        "# are for run_and_time.sh's RESULT line, the seed as the planner gave it.",
         *_exports(
             {
                 "BENCHMARK": c.benchmark,
-                "CONFIG": c.config,
-                "OUT": str(c.out),
-                "DATA": str(c.data),
-                "RUN_INDEX": str(index),
                 "SEED": str(c.seeds[index]),
                 "LAUNCHER": "srun --kill-on-bad-exit=1",
                 "MLHPC_CMD": shlex.join(c.mlhpc_cmd),
-                "EXTRA_ARGS": " ".join([*c.run_flags, *c.overrides]),
             }
         ),
-        f"exec bash {shlex.quote(str(c.run_and_time))}",
+        f"exec bash {shlex.join([str(c.run_and_time), *c.seed_argv(index)])}",
     ]
     return _script(f"mlhpc campaign {c.benchmark}: seed {c.seeds[index]}, result_{index}.txt", sbatch, body)
 
@@ -412,18 +418,18 @@ def _sbatch(executable: str, script: Path, *options: str) -> str:
     return job
 
 
-def run_slurm_campaign(args: argparse.Namespace) -> int:
-    """`mlhpc run --slurm`: print the plan (--dry-run) or submit it and print the job ids. The
+def run_slurm_campaign(opts: RunOptions, resources: SlurmResources, *, dry_run: bool = False) -> int:
+    """`mlhpc run --slurm`: print the plan (`dry_run`) or submit it and print the job ids. The
     config is validated first; the plan, the campaign file and the submission happen under
     --out's lock, so a second submission into --out waits for none and mixes nothing."""
-    request = campaign_request(args)
-    if args.dry_run:
-        print(dry_run_text(slurm_campaign(args, plan(request), request)), end="")
+    request = campaign_request(opts)
+    if dry_run:
+        print(dry_run_text(slurm_campaign(opts, plan(request), request, resources)), end="")
         return 0
     fix = "wait for it to end, or pass another --out"
     with folder_lock(request.out, f"mlhpc run {request.benchmark} --slurm", fix):
         planned = plan(request)
-        campaign = slurm_campaign(args, planned, request)
+        campaign = slurm_campaign(opts, planned, request, resources)
         record_plan(planned)
         jobs = submit(campaign)
     for i, job in jobs.seeds.items():

@@ -27,11 +27,11 @@ from typing import Any
 
 from mlhpc.common import catalog, safe_read
 from mlhpc.common.errors import SubmissionError
+from mlhpc.common.vocabulary import DEFAULT_RULESET as DEFAULT_RULESET  # the checker's name for it
 
 from .logparse import RunLog, find_line, parse_log
 
 USAGE = "hpc"
-DEFAULT_RULESET = "3.0.0"
 # Below this many files, starting worker processes costs more than it saves (measured on
 # 2 cores with the rule cache: 200 files 1.7 s serial vs 1.9 s pooled; a 1,079-file round
 # 12.3 s vs 7.1 s).

@@ -19,6 +19,7 @@ from mlhpc.common.layout import (
     required_run_count,
     system_json_path,
 )
+from mlhpc.common.vocabulary import DIVISIONS
 
 from .findings import (
     RULE_BENCHMARK,
@@ -67,7 +68,6 @@ SYSTEM_DESC_CHECKER_FIELDS = (
     "other_software_stack",
     "operating_system",
 )
-DIVISIONS = ("closed", "open")
 
 
 @dataclass(frozen=True)

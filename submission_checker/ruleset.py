@@ -16,6 +16,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlhpc.common.vocabulary import LATEST_RULESET as LATEST
+from mlhpc.common.vocabulary import STAGING_BEFORE_RUN_START_SINCE
+
 from .logparse import LogSniff
 
 # (ruleset, day its results were published); runs started before that day may belong to it.
@@ -23,9 +26,7 @@ ROUND_PUBLISHED: tuple[tuple[str, datetime.date], ...] = (
     ("1.0.0", datetime.date(2021, 11, 17)),
     ("2.0.0", datetime.date(2022, 11, 9)),
 )
-LATEST = "3.0.0"
 BENCHMARK_SINCE = {"openfold": "3.0.0"}
-STAGING_BEFORE_RUN_START_SINCE = "3.0.0"
 _ROUND_IN_NAME = re.compile(r"(?:^|[^0-9a-z])v(\d+)\.(\d+)(?:\.(\d+))?(?:$|[^0-9])", re.IGNORECASE)
 
 

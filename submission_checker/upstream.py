@@ -13,12 +13,14 @@ import importlib
 import importlib.metadata
 import inspect
 
+from mlhpc.common.vocabulary import RULESETS
+
 from .compliance import KNOWN_STRIP_AND_DEDUP, USAGE, known_rulesets
 
 DISTRIBUTION = "mlperf-logging"
 TESTED_VERSIONS = ("4.1.68",)
 """Releases the tests passed with (pyproject.toml pins mlperf-logging to this range)."""
-HPC_RULESETS = ("1.0.0", "2.0.0", "3.0.0")
+HPC_RULESETS = RULESETS
 # sha256 of the source of the result summarizer's functions `energy.py` reproduces (4.1.68).
 SUMMARIZER_SOURCES = {
     "_compute_total_power": "cebf845a7066081c8a4b0fdf860e86f3e8b95658743f1b33f5fa52e00e64bf26",

@@ -8,6 +8,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from mlhpc.campaign_io import read_campaign_file
 from mlhpc.cli import build_parser
 from mlhpc.commands.run import _run_options
 from mlhpc.common.errors import ConfigError, SubmissionError
+from mlhpc.run_options import RunOptions, from_args
 from mlhpc.slurm_campaign import (
     SlurmCampaign,
     SlurmResources,
@@ -46,7 +48,15 @@ def campaign(tmp_path: Path, **changes: object) -> SlurmCampaign:
         "data": tmp_path / "data",
         "generate": True,
         "overrides": ("loop.max_epochs=20",),
-        "run_flags": ("--staging", "inside", "--resume"),
+        "options": RunOptions(
+            benchmark="cosmoflow",
+            overrides=("loop.max_epochs=20",),
+            seeds=3,
+            first_seed=100,
+            out=tmp_path / "out",
+            data=tmp_path / "data",
+            resume=True,
+        ),
         "run_and_time": REPO / "run_and_time.sh",
         "mlhpc_cmd": (sys.executable, "-m", "mlhpc"),
         "resources": SlurmResources(
@@ -97,13 +107,11 @@ def test_seed_script_runs_run_and_time_for_its_seed(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     words = shlex.split(proc.stdout)
     assert words[:5] == ["srun", "--kill-on-bad-exit=1", sys.executable, "-m", "mlhpc"]
-    # Index 2 of the campaign whose seeds start at 100, straight into the submission.
-    assert words[words.index("--index") + 1] == "2"
-    assert words[words.index("--first-seed") + 1] == "100"
-    assert words[words.index("--out") + 1] == str(c.out)
-    assert words[words.index("--data") + 1] == str(c.data)
-    assert "--system" not in words and "--resume" in words  # the settings come from campaign.json
-    assert words[-1] == "loop.max_epochs=20"
+    # Index 2 of the campaign whose seeds start at 100, straight into the submission, unchecked.
+    ran = from_args(build_parser("run").parse_args(words[5:]))
+    assert ran == replace(c.options, index=2, check=False)
+    assert (ran.first_seed, ran.out, ran.data, ran.resume) == (100, c.out, c.data, True)
+    assert ran.overrides == ("loop.max_epochs=20",) and ran.system is None  # settings: campaign.json
 
 
 def test_check_script_checks_the_submitters_folder(tmp_path: Path) -> None:
@@ -185,7 +193,7 @@ def plan_seeds(out: Path, count: int, first_seed: int | None, resume: bool) -> t
     """(seed of every index, indices to run) as `mlhpc run --slurm` plans them."""
     extra = ["--submitter", "org", "--system", "sys", "--seeds", str(count)]
     extra += ["--first-seed", str(first_seed)] if first_seed is not None else []
-    p = plan(campaign_request(slurm_args(out, *extra, *(["--resume"] if resume else []))))
+    p = plan(campaign_request(from_args(slurm_args(out, *extra, *(["--resume"] if resume else [])))))
     return list(p.seeds), list(p.to_run)
 
 
@@ -210,7 +218,7 @@ def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
     opts = _run_options(args)
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     local = plan(local_request(opts, resolved, "strong", default_system="this_machine_n1"))
-    slurm = plan(campaign_request(slurm_args(tmp_path, "--submitter", "org", *common)))
+    slurm = plan(campaign_request(from_args(slurm_args(tmp_path, "--submitter", "org", *common))))
     assert (
         (local.seeds, local.to_run, local.kept)
         == (slurm.seeds, slurm.to_run, slurm.kept)

@@ -1,17 +1,17 @@
 """DeepCAM (MLPerf HPC): DeepLabv3+ segmentation of cyclones and atmospheric rivers, target IoU 0.82."""
 
 from pathlib import Path
-from typing import Literal
 
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.common.catalog import BenchmarkInfo, Target
+from mlhpc.common.vocabulary import Division
 
 # The closed rules (hpc_3.0.0/closed_deepcam.yaml) require the real dataset's sample counts.
 REAL_TRAIN_SAMPLES = 121_266
 REAL_EVAL_SAMPLES = 15_158
 
 
-def default_division(cfg: DeepCamConfig) -> Literal["closed", "open"]:
+def default_division(cfg: DeepCamConfig) -> Division:
     """closed for the real dataset's sizes; open for smaller ones (mini), which closed rules refuse."""
     real = (cfg.data.num_train_samples, cfg.data.num_eval_samples) == (REAL_TRAIN_SAMPLES, REAL_EVAL_SAMPLES)
     return "closed" if real else "open"

@@ -7,7 +7,7 @@ import difflib
 import re
 from typing import Any, NoReturn
 
-RULESETS = ("1.0.0", "2.0.0", "3.0.0")
+from mlhpc.common.vocabulary import RULESETS as RULESETS  # cli.py's choices for --ruleset
 
 
 def add_command(

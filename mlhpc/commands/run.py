@@ -7,13 +7,23 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
-from mlhpc.commands import ALLOW_SIZE_HELP, RULESETS, add_command, size_argument
+from mlhpc.commands import ALLOW_SIZE_HELP, add_command, size_argument
+from mlhpc.common.vocabulary import (
+    DEFAULT_RULESET,
+    DEFAULT_STAGING,
+    DIVISIONS,
+    IO_CHOICES,
+    RULESETS,
+    STAGINGS,
+    STATUSES,
+)
+from mlhpc.run_options import Backend, Device
 
 if TYPE_CHECKING:
     from mlhpc.generation import SizeCheck
-    from mlhpc.runner import RunOptions
+    from mlhpc.run_options import RunOptions
 
 
 def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
@@ -49,12 +59,12 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     )
     run.add_argument(
         "--division",
-        choices=("closed", "open"),
+        choices=DIVISIONS,
         default=None,
         help="default closed, or open where the closed rules need the real dataset (deepcam mini)",
     )
-    run.add_argument("--status", choices=("onprem", "cloud", "preview", "research"), default=None)
-    run.add_argument("--ruleset", choices=RULESETS, default=None, help="default 3.0.0")
+    run.add_argument("--status", choices=STATUSES, default=None)
+    run.add_argument("--ruleset", choices=RULESETS, default=None, help=f"default {DEFAULT_RULESET}")
     run.add_argument(
         "--campaign",
         type=Path,
@@ -64,19 +74,19 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     )
     run.add_argument(
         "--staging",
-        choices=("inside", "before"),
-        default="inside",
+        choices=STAGINGS,
+        default=DEFAULT_STAGING,
         help="stage inside run_start..run_stop (default, counts in the score) or before it",
     )
     run.add_argument(
         "--io",
-        choices=("auto", "buffered", "direct", "kernel"),
+        choices=IO_CHOICES,
         default="auto",
         help="the staging copy's I/O path (see mlhpc stage --help)",
     )
     run.add_argument("--durable", action="store_true", help="have the staged copy on disk before training")
-    run.add_argument("--backend", choices=("auto", "gloo", "nccl", "horovod"), default="auto")
-    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    run.add_argument("--backend", choices=get_args(Backend), default="auto")
+    run.add_argument("--device", choices=get_args(Device), default="auto")
     run.add_argument("--clear-cache", action="store_true", help="drop the page cache before each run (root)")
     run.add_argument("--no-check", action="store_true", help="skip `mlhpc check` at the end")
     run.add_argument(
@@ -128,49 +138,52 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 def _run(args: argparse.Namespace) -> int:
     from mlhpc.campaign import check_numbers
     from mlhpc.common.writable import check_writable_dir, local_dir_name, refuse_output_over_inputs
+    from mlhpc.run_options import check_options, from_args
     from mlhpc.staging.localdir import resolve_local_dir
 
-    # At parse time, before anything is locked, launched or recorded (the planner checks again).
-    check_numbers(seeds=args.seeds, first_seed=args.first_seed, index=args.index)
-    check_numbers(seeds=args.instances, first_seed=args.first_seed, index=None, flag="--instances")
-    refuse_surprise_size(args)  # before --out is locked or written: a refusal leaves nothing behind
+    # Built and checked once, here, for every route (local, weak, dry run, Slurm): a login node
+    # refuses what a seed job would, before anything is locked, launched, submitted or recorded.
+    opts = from_args(args)
+    check_options(opts)
+    check_numbers(seeds=opts.seeds, first_seed=opts.first_seed, index=opts.index)
+    check_numbers(seeds=opts.instances, first_seed=opts.first_seed, index=None, flag="--instances")
+    refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
     # Staged copies under the dataset they copy would be read back as part of it.
-    if args.data is not None:
+    if opts.data is not None:
         refuse_output_over_inputs(
-            resolve_local_dir(args.local_dir), [args.data], local_dir_name(args.local_dir), folder=True
+            resolve_local_dir(opts.local_dir), [opts.data], local_dir_name(opts.local_dir), folder=True
         )
     if args.slurm:  # submit and return: the login node needs neither torch nor data
-        from mlhpc.slurm_campaign import run_slurm_campaign
+        from mlhpc.slurm_campaign import resources_from_args, run_slurm_campaign
 
         if not args.dry_run:
-            check_writable_dir(args.out, "--out")
-        return run_slurm_campaign(args)
+            check_writable_dir(opts.out, "--out")
+        return run_slurm_campaign(opts, resources_from_args(args), dry_run=args.dry_run)
     if args.dry_run:  # check the config (and --data), print the init events, build nothing
         from mlhpc.dry_run import dry_run
 
-        return dry_run(_run_options(args), device=args.device)
+        return dry_run(opts)
     # Up front, on every rank: a read-only --out or a MLHPC_LOCAL_DIR that is a file is one line now,
     # not a traceback after the first seed has trained.
-    check_writable_dir(args.out, "--out")
-    check_writable_dir(resolve_local_dir(args.local_dir), local_dir_name(args.local_dir))
+    check_writable_dir(opts.out, "--out")
+    check_writable_dir(resolve_local_dir(opts.local_dir), local_dir_name(opts.local_dir))
     from mlhpc.common.debug_log import debug_log
     from mlhpc.common.distributed import init_distributed, shutdown_distributed
     from mlhpc.common.launch import detect_launch
     from mlhpc.runner import run_campaign
 
-    if args.instances > 1 and detect_launch().world_size == 1:
-        return _launch_instances(args)
+    if opts.instances > 1 and detect_launch().world_size == 1:
+        return _launch_instances(opts)
 
-    opts = _run_options(args)
-    ctx = init_distributed(args.backend, args.device)
+    ctx = init_distributed(opts.backend, opts.device)
     started = time.perf_counter()
     try:
-        with debug_log(args.out, ctx.rank) as debug_file:  # libraries' warnings and INFO records
+        with debug_log(opts.out, ctx.rank) as debug_file:  # libraries' warnings and INFO records
             campaign = run_campaign(opts, ctx)
     finally:
         shutdown_distributed()
     if ctx.is_main:
-        if campaign.kept and args.index is None:  # an --index run resumes nothing
+        if campaign.kept and opts.index is None:  # an --index run resumes nothing
             print(f"\nresumed: kept the finished runs {campaign.kept}")
         print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
         for seed, result, _ in campaign.results:
@@ -184,26 +197,26 @@ def _run(args: argparse.Namespace) -> int:
     return campaign.check_status or 0
 
 
-def generated_size(args: argparse.Namespace) -> tuple[Path, SizeCheck] | None:
+def generated_size(opts: RunOptions) -> tuple[Path, SizeCheck] | None:
     """Where a run without --data generates its dataset and what it checks first (None with --data)."""
-    if args.data is not None:
+    if opts.data is not None:
         return None
     from mlhpc.campaign import dataset_dir
     from mlhpc.campaign_io import resolve_config
     from mlhpc.generation import run_size_check
 
-    resolved = resolve_config(args.benchmark, args.config, args.overrides)
+    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     name = resolved.info.name
-    size = run_size_check(name, resolved.cfg, args.config, args.allow_size)
-    return dataset_dir(args.out, name, args.config), size
+    size = run_size_check(name, resolved.cfg, opts.config, opts.allow_size)
+    return dataset_dir(opts.out, name, opts.config), size
 
 
-def refuse_surprise_size(args: argparse.Namespace) -> None:
+def refuse_surprise_size(opts: RunOptions) -> None:
     """A run without --data whose synthetic dataset would not fit, or is over 4 GiB without
     --allow-size, is one line naming the size and the free space (see generation.check_room)."""
     from mlhpc.generation import check_size
 
-    planned = generated_size(args)
+    planned = generated_size(opts)
     if planned is not None:
         check_size(planned[0], planned[1], reuse_complete=True)
 
@@ -223,42 +236,19 @@ def resume_command(args: argparse.Namespace, program: str) -> str | None:
 
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
-    from mlhpc.runner import RunOptions
+    """The options `args` hold (run_options.from_args; kept for the tests that build them so)."""
+    from mlhpc.run_options import from_args
 
-    return RunOptions(
-        benchmark=args.benchmark,
-        config=args.config,
-        overrides=tuple(args.overrides),
-        seeds=args.seeds,
-        first_seed=args.first_seed,
-        out=args.out,
-        data=args.data,
-        local_dir=args.local_dir,
-        allow_size=args.allow_size,
-        submitter=args.submitter,
-        system=args.system,
-        division=args.division,
-        status=args.status,
-        ruleset=args.ruleset,
-        campaign=args.campaign,
-        index=args.index,
-        staging=args.staging,
-        staging_io=args.io,
-        durable=args.durable,
-        clear_cache=args.clear_cache,
-        check=not args.no_check,
-        resume=args.resume,
-        instances=args.instances,
-        power=args.power,
-        mllog_stdout=args.mllog_stdout,
-    )
+    return from_args(args)
 
 
-def _launch_instances(args: argparse.Namespace) -> int:
-    """Start one local rank per instance under torchrun with this same command line, then check
-    the submission here (a failing check in a rank would read as a crashed worker)."""
+def _launch_instances(opts: RunOptions) -> int:
+    """Start one local rank per instance under torchrun with these options (`to_argv`, the check
+    left out), then check the submission here (a failing check in a rank would read as a crashed
+    worker)."""
     import os
     import subprocess
+    from dataclasses import replace
 
     from mlhpc.cli import Terminated
     from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
@@ -266,8 +256,9 @@ def _launch_instances(args: argparse.Namespace) -> int:
     # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/threads).
     env = dict(os.environ)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc_per_node={args.instances}", "-m", "mlhpc", *args.argv, "--no-check"]
-    print(f"launching {args.instances} local ranks, one per instance: {' '.join(command)}", flush=True)
+    rank_argv = replace(opts, check=False).to_argv()
+    command += [f"--nproc_per_node={opts.instances}", "-m", "mlhpc", *rank_argv]
+    print(f"launching {opts.instances} local ranks, one per instance: {' '.join(command)}", flush=True)
     with subprocess.Popen(command, env=env) as launcher:
         try:
             status = launcher.wait()
@@ -279,12 +270,14 @@ def _launch_instances(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 launcher.kill()
             raise
-    if status != 0 or args.no_check:
+    if status != 0 or not opts.check:
         return status
     from mlhpc.campaign import CAMPAIGN_FILE
     from mlhpc.campaign_io import read_campaign_file
 
-    recorded = read_campaign_file(args.out / CAMPAIGN_FILE)  # the settings the ranks ran with
+    recorded = read_campaign_file(opts.out / CAMPAIGN_FILE)  # the settings the ranks ran with
     assert recorded is not None, "the instances' rank 0 writes the campaign file"
     ruleset = recorded.settings.ruleset
-    return check_command(args.out / recorded.settings.submitter, ruleset=ruleset, ruleset_reason=CAMPAIGN_RULESET)
+    return check_command(
+        opts.out / recorded.settings.submitter, ruleset=ruleset, ruleset_reason=CAMPAIGN_RULESET
+    )

@@ -1,0 +1,47 @@
+"""The words a submission and a run choose from, each list written once (torch-free).
+
+argparse takes its `choices` from here, the types their `Literal`s, the planner its checks and
+the checker its rules, so a new ruleset or status is one edit. Each tuple is read off its
+`Literal` (`typing.get_args`), so the type and the list cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Division = Literal["closed", "open"]
+DIVISIONS: tuple[Division, ...] = get_args(Division)
+
+Status = Literal["onprem", "cloud", "preview", "research"]
+"""mlhpc's system status (a system description's `status`); the checker also accepts the older
+rounds' words (submission_checker/claims.py)."""
+STATUSES: tuple[Status, ...] = get_args(Status)
+
+Ruleset = Literal["1.0.0", "2.0.0", "3.0.0"]
+"""The MLPerf HPC rounds, oldest first."""
+RULESETS: tuple[Ruleset, ...] = get_args(Ruleset)
+LATEST_RULESET: Ruleset = RULESETS[-1]
+DEFAULT_RULESET: Ruleset = LATEST_RULESET
+"""What a campaign is run and checked under when nothing names a ruleset: the newest round."""
+
+Staging = Literal["inside", "before"]
+"""Where staging goes: inside run_start..run_stop (timed) or before run_start."""
+STAGINGS: tuple[Staging, ...] = get_args(Staging)
+DEFAULT_STAGING: Staging = "inside"
+
+StagingIo = Literal["auto", "buffered", "direct", "kernel"]
+"""The staging copy's I/O path (`mlhpc stage --io`, `mlhpc run --io`)."""
+IO_CHOICES: tuple[StagingIo, ...] = get_args(StagingIo)
+
+STAGING_BEFORE_RUN_START_SINCE: Ruleset = "3.0.0"
+"""The first round that lets staging come before run_start (1.0.0 and 2.0.0 time it)."""
+
+
+def ruleset_key(ruleset: str) -> tuple[int, ...]:
+    """`"2.0.0"` -> (2, 0, 0), for comparing rounds."""
+    return tuple(int(part) for part in ruleset.split("."))
+
+
+def staging_before_allowed(ruleset: str) -> bool:
+    """Whether `ruleset` lets staging come before run_start (the one place this rule is written)."""
+    return ruleset_key(ruleset) >= ruleset_key(STAGING_BEFORE_RUN_START_SINCE)
