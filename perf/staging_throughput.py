@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mlhpc.staging.request import StageRequest
 from mlhpc.staging.stage import stage_dataset
 from mlhpc.staging.study import tools
 
@@ -143,11 +144,11 @@ def one_rank(case: str, src: Path, work: Path, rounds: int, files: int) -> None:
         "cp -r": lambda d: cp_r(src, d),
         "tar | tar": lambda d: tar_tar(src, d),
         "mlhpc stage": lambda d: mlhpc_command(src, d),
-        "in run": lambda d: stage_dataset(src, d),
+        "in run": lambda d: stage_dataset(StageRequest(src, d)),
     }
     if large:
         methods["parallel cp"] = lambda d: parallel_cp(src, d)
-        methods["in run, kernel"] = lambda d: stage_dataset(src, d, io="kernel")
+        methods["in run, kernel"] = lambda d: stage_dataset(StageRequest(src, d, io="kernel"))
     result = Case()
     for r in range(rounds):
         order = list(methods) if r % 2 == 0 else list(reversed(methods))

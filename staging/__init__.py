@@ -9,7 +9,8 @@ from mlhpc.staging.connect import comm_for, make_comm
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE, resolve_local_dir
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, hash_file
 from mlhpc.staging.plan import MODES, Mode, Topology
-from mlhpc.staging.stage import STAGED_MARKER, StageReport, stage_dataset, verify_staged
+from mlhpc.staging.request import StageReport, StageRequest
+from mlhpc.staging.stage import STAGED_MARKER, stage_dataset, verify_staged
 
 __all__ = [
     "LOCAL_DIR_VARIABLE",
@@ -21,6 +22,7 @@ __all__ = [
     "Manifest",
     "Mode",
     "StageReport",
+    "StageRequest",
     "Topology",
     "build_manifest",
     "comm_for",

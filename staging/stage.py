@@ -23,10 +23,9 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from mlhpc.common.safepath import inside, landing
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
-from mlhpc.staging.iopath import IoPlan, choose_io
+from mlhpc.staging.iopath import choose_io
 from mlhpc.staging.journal import (
     JOURNAL_PREFIX,
     close_journal,
@@ -60,6 +59,7 @@ from mlhpc.staging.manifest import (
 )
 from mlhpc.staging.origin import current_identity
 from mlhpc.staging.plan import Mode, node_files
+from mlhpc.staging.request import StageReport, StageRequest
 from mlhpc.staging.sink import (
     PARTIAL_SUFFIX,
     SinkOptions,
@@ -75,8 +75,6 @@ STAGED_MARKER = ".mlhpc_staged.json"
 STAGING_OWNED = ".mlhpc_staging"
 """Written into an empty DEST before anything is staged there: a later run finds the folder is
 mlhpc's (see `refuse_unless_staged_here`) even if it was killed before any journal line."""
-DEFAULT_WORKERS = 32
-DEFAULT_CHUNK_BYTES = 16 << 20
 SPACE_MARGIN_BYTES = 64 << 20
 """Room kept free beyond the dataset, at most (1 % of it below that): the manifest, journals
 and the file system's own blocks."""
@@ -88,78 +86,19 @@ IDENTITY_PROMISE = (
 )
 
 
-@dataclass(frozen=True)
-class StageReport:
-    """What staging did; `files`/`bytes` are what this node holds, the rest this rank's work."""
+def stage_dataset(request: StageRequest, comm: Communicator | None = None) -> StageReport:
+    """Stage the dataset at `request.src` (a directory or a tar/tar.gz/tar.zst archive) into
+    `request.dest`.
 
-    dest: Path
-    files: int
-    bytes: int
-    seconds: float
-    mode: str = "copy"
-    copied_files: int = 0
-    """Files this rank wrote (resumed ones excluded)."""
-    skipped_files: int = 0
-    """Files this rank found staged and verified already (a resumed run)."""
-    read_bytes: int = 0
-    """Bytes this rank read from the source."""
-    job_read_bytes: int = 0
-    """Bytes all ranks together read from the source (replicate: the dataset once)."""
-    node: int = 0
-    num_nodes: int = 1
-    io: IoPlan | None = None
-    """The I/O path this rank took, and why."""
-    durable: bool = False
-    """Whether the copy was on disk before the marker was written (`--durable`)."""
-    checked_by: str = "checksums"
-    """What a kept file was judged on: "checksums" (a manifest) or "identity" (size, mtime,
-    ctime and inode of its source, `IDENTITY_PROMISE`)."""
-    warnings: tuple[str, ...] = ()
-    """What the staging cannot promise about this source, one line each (a checksum-less archive)."""
-
-    def metadata(self) -> dict[str, float | int | str | bool]:
-        io = self.io.metadata() if self.io else {}
-        return {
-            "staging_duration": self.seconds,
-            "staged_files": self.files,
-            "staged_bytes": self.bytes,
-            **io,
-            "staging_durable": self.durable,
-        }
-
-
-def stage_dataset(
-    src: Path,
-    dest: Path,
-    *,
-    local_rank: int = 0,
-    local_size: int = 1,
-    barrier: Callable[[], None] = lambda: None,
-    workers: int = DEFAULT_WORKERS,
-    comm: Communicator | None = None,
-    mode: Mode = "replicate",
-    processes: int | None = None,
-    decompress: bool = False,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    progress: bool = False,
-    io: str = "auto",
-    durable: bool = False,
-) -> StageReport:
-    """Stage the dataset at `src` (a directory or a tar/tar.gz/tar.zst archive) into `dest`.
-
-    Without `comm`, the ranks of one node split the work, synchronised by `barrier`. With a
-    `Communicator`, `mode` says what each node ends with (see `plan`). A rerun skips what is
-    staged and verified already. `io` picks the I/O path (`iopath.IO_CHOICES`): "auto" decides
-    on the node's memory and the source's cached share, "direct" reads large files with O_DIRECT
-    and writes with it where that pays (`direct_writes_pay`), "buffered" and "kernel" never do.
+    Without `comm`, one rank alone stages (a `CallbackComm` lets the ranks of one node split the
+    work, synchronised by its barrier). With a collective `Communicator`, `request.mode` says what
+    each node ends with (see `plan`). A rerun skips what is staged and verified already.
+    `request.io` picks the I/O path (`iopath.IO_CHOICES`): "auto" decides on the node's memory and
+    the source's cached share, "direct" reads large files with O_DIRECT and writes with it where
+    that pays (`direct_writes_pay`), "buffered" and "kernel" never do.
     """
-    if workers < 1 or chunk_bytes < 1 or (processes is not None and processes < 0):
-        raise StagingError(
-            f"workers={workers}, processes={processes}, chunk_bytes={chunk_bytes}: workers and "
-            "chunk_bytes must be at least 1, processes at least 0 (0 or None: automatic)"
-        )
-    comm = comm or CallbackComm(local_rank, local_size, barrier)
-    src, dest = Path(src), Path(dest)
+    comm = comm or CallbackComm()
+    src, dest, mode = request.src, request.dest, request.mode
     started = time.perf_counter()
     refuse_overlap(src, dest)
     forget_checked_dirs()
@@ -177,21 +116,22 @@ def stage_dataset(
         needed = _needed_bytes(src, kind, manifest, mine)
         fresh, token = agree_destination(comm, dest, needed)
         sources = [str(src)] if kind is not None else [os.path.join(src, f.path) for f in mine]
-        plan = choose_io(io, needed, sources, direct_writes_pay(str(dest)))
+        plan = choose_io(request.io, needed, sources, direct_writes_pay(str(dest)))
         log.debug("staging I/O: %s (%s)", plan.label, plan.reason)
+        options = SinkOptions(
+            manifest.algorithm, plan.direct_writes, request.decompress, umask=current_umask(), run_token=token
+        )
         settings = Settings(
             mode=mode,
-            options=SinkOptions(
-                manifest.algorithm, plan.direct_writes, decompress, umask=current_umask(), run_token=token
-            ),
+            options=options,
             direct_reads=plan.direct_reads,
             kernel_copy=plan.kernel_copy,
             memory_bytes=plan.available_bytes,
             source_cached=plan.source_cached,
-            workers=workers,
-            processes=processes,
-            chunk_bytes=chunk_bytes,
-            progress=progress and comm.rank == 0,
+            workers=request.workers,
+            processes=request.processes,
+            chunk_bytes=request.chunk_bytes,
+            progress=request.progress and comm.rank == 0,
         )
         error: str | None = None
         work = Work()
@@ -222,7 +162,7 @@ def stage_dataset(
             manifest if kind is None else None,
             work,
             settings.options,
-            durable,
+            request.durable,
             previous=evidence,
         )
         return StageReport(
@@ -238,7 +178,7 @@ def stage_dataset(
             node=topo.node,
             num_nodes=topo.num_nodes,
             io=plan,
-            durable=durable,
+            durable=request.durable,
             checked_by="checksums" if trusted else "identity",
             warnings=tuple(w for w in [archives.unchecked_warning(src, kind)] if w and not trusted and kind),
         )

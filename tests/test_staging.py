@@ -9,6 +9,7 @@ import itertools
 import json
 import mmap
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from mlhpc.common.fileio import atomic_write_text, current_umask
 from mlhpc.staging import (
     MANIFEST_NAME,
     STAGED_MARKER,
+    CallbackComm,
+    StageRequest,
     build_manifest,
     stage_dataset,
     verify_staged,
@@ -70,7 +73,7 @@ def source(tmp_path: Path) -> Path:
 
 def test_stage_copies_verifies_and_marks_complete(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
-    report = stage_dataset(source, dest)
+    report = stage_dataset(StageRequest(source, dest))
     assert report.files == 7 and report.copied_files == 7 and report.skipped_files == 0
     assert report.bytes == sum(1000 * (i + 1) for i in range(7))
     assert report.read_bytes == report.job_read_bytes == report.bytes
@@ -96,7 +99,7 @@ def test_worker_processes_on_the_direct_and_buffered_paths_give_the_same_copy(
     source: Path, tmp_path: Path, io: str
 ) -> None:
     dest = tmp_path / "dest"
-    report = stage_dataset(source, dest, processes=2, workers=4, io=io)
+    report = stage_dataset(StageRequest(source, dest, processes=2, workers=4, io=io))
     assert report.io is not None and report.io.reason.startswith(f"--io {io} ")
     assert (report.io.direct_reads, report.io.direct_writes) == (
         (True, direct_writes_pay(str(dest))) if io == "direct" else (False, False)
@@ -110,7 +113,7 @@ def test_source_manifest_is_used_and_checked(source: Path, tmp_path: Path) -> No
     victim = source / "train" / "f1.bin"
     victim.write_bytes(b"\x09" * victim.stat().st_size)  # same size, other bytes
     with pytest.raises(StagingError, match=r"f1\.bin fails its xxh3_128 check: the source changed"):
-        stage_dataset(source, tmp_path / "dest")
+        stage_dataset(StageRequest(source, tmp_path / "dest"))
     assert not (tmp_path / "dest" / STAGED_MARKER).exists()
     assert not (tmp_path / "dest" / "train" / "f1.bin").exists()  # never renamed into place
 
@@ -124,14 +127,14 @@ def settle() -> None:
 def test_corrupted_staged_file_is_detected_and_replaced_on_rerun(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     settle()
-    stage_dataset(source, dest)
+    stage_dataset(StageRequest(source, dest))
     victim = dest / "validation" / "f2.bin"
     data = bytearray(victim.read_bytes())
     data[10] ^= 0xFF
     victim.write_bytes(bytes(data))
     with pytest.raises(StagingError, match=r"staged file .*f2\.bin is corrupt"):
         verify_staged(dest)
-    report = stage_dataset(source, dest)
+    report = stage_dataset(StageRequest(source, dest))
     assert (report.copied_files, report.skipped_files) == (1, 6)
     assert verify_staged(dest) == 7
 
@@ -140,7 +143,7 @@ def test_missing_source_file_is_named(source: Path, tmp_path: Path) -> None:
     build_manifest(source).write(source / MANIFEST_NAME)
     (source / "train" / "f3.bin").unlink()
     with pytest.raises(StagingError, match=r"staging source file .*f3\.bin is missing; restore it"):
-        stage_dataset(source, tmp_path / "dest")
+        stage_dataset(StageRequest(source, tmp_path / "dest"))
     assert not (tmp_path / "dest" / STAGED_MARKER).exists()
 
 
@@ -151,10 +154,10 @@ def test_a_fault_midway_then_a_rerun_completes_it(source: Path, tmp_path: Path) 
     (source / "validation" / "f6.bin").unlink()
     dest = tmp_path / "dest"
     with pytest.raises(StagingError, match=r"f6\.bin is missing"):
-        stage_dataset(source, dest, workers=1)
+        stage_dataset(StageRequest(source, dest, workers=1))
     assert not (dest / STAGED_MARKER).exists()
     (source / "validation" / "f6.bin").write_bytes(saved)
-    report = stage_dataset(source, dest, workers=1)
+    report = stage_dataset(StageRequest(source, dest, workers=1))
     assert report.copied_files + report.skipped_files == 7 and report.skipped_files >= 1
     assert verify_staged(dest) == 7
 
@@ -162,7 +165,7 @@ def test_a_fault_midway_then_a_rerun_completes_it(source: Path, tmp_path: Path) 
 KILLED_STAGING = """
 import os, signal, sys
 from pathlib import Path
-from mlhpc.staging import journal, stage_dataset
+from mlhpc.staging import StageRequest, journal, stage_dataset
 
 record = journal.Journal.record_many
 count = [0]
@@ -174,7 +177,7 @@ def record_then_die(self, staged):
         os.kill(os.getpid(), signal.SIGKILL)  # an interruption: no cleanup, no exception
 
 journal.Journal.record_many = record_then_die
-stage_dataset(Path(sys.argv[1]), Path(sys.argv[2]), workers=2)
+stage_dataset(StageRequest(Path(sys.argv[1]), Path(sys.argv[2]), workers=2))
 """
 
 
@@ -194,7 +197,7 @@ def test_resume_after_the_process_was_killed(tmp_path: Path) -> None:
     assert not (dest / STAGED_MARKER).exists()
     with pytest.raises(StagingError, match="no complete staged dataset"):
         verify_staged(dest)
-    report = stage_dataset(src, dest)
+    report = stage_dataset(StageRequest(src, dest))
     assert report.skipped_files >= 15 and report.copied_files == 40 - report.skipped_files
     assert verify_staged(dest) == 40 and dataset_files(dest) == dataset_files(src)
     assert not list(dest.rglob("*.mlhpc-partial"))
@@ -202,7 +205,7 @@ def test_resume_after_the_process_was_killed(tmp_path: Path) -> None:
 
 def test_half_staged_directory_is_not_taken_for_whole(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
-    stage_dataset(source, dest)
+    stage_dataset(StageRequest(source, dest))
     (dest / STAGED_MARKER).unlink()
     with pytest.raises(StagingError, match="no complete staged dataset"):
         verify_staged(dest)
@@ -211,9 +214,9 @@ def test_half_staged_directory_is_not_taken_for_whole(source: Path, tmp_path: Pa
 def test_restaging_replaces_a_stale_copy(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     settle()
-    stage_dataset(source, dest)
+    stage_dataset(StageRequest(source, dest))
     (dest / "train" / "f1.bin").write_bytes(b"stale")
-    report = stage_dataset(source, dest)
+    report = stage_dataset(StageRequest(source, dest))
     assert (report.copied_files, report.skipped_files) == (1, 6)
     assert verify_staged(dest) == 7
 
@@ -226,13 +229,13 @@ def test_not_enough_space_is_refused_before_copying(source: Path, tmp_path: Path
     huge = FileEntry("train/huge.bin", free * 2, "0" * 32)
     Manifest(manifest.algorithm, (*manifest.files, huge)).write(source / MANIFEST_NAME)
     with pytest.raises(StagingError, match=r"not enough space on .*dest: staging needs \d+ bytes"):
-        stage_dataset(source, tmp_path / "dest")
+        stage_dataset(StageRequest(source, tmp_path / "dest"))
     assert dataset_files(tmp_path / "dest") == {}  # refused before a single file was copied
 
 
 def test_missing_source_directory(tmp_path: Path) -> None:
     with pytest.raises(StagingError, match="is not a directory"):
-        stage_dataset(tmp_path / "nope", tmp_path / "dest")
+        stage_dataset(StageRequest(tmp_path / "nope", tmp_path / "dest"))
 
 
 def test_compressed_files_are_decompressed_while_staging(tmp_path: Path) -> None:
@@ -244,7 +247,7 @@ def test_compressed_files_are_decompressed_while_staging(tmp_path: Path) -> None
     (src / "c.txt").write_bytes(b"plain")
     build_manifest(src).write(src / MANIFEST_NAME)
     dest = tmp_path / "dest"
-    report = stage_dataset(src, dest, decompress=True)
+    report = stage_dataset(StageRequest(src, dest, decompress=True))
     assert report.files == 3
     assert (dest / "a.npy").read_bytes() == payload and (dest / "b.npy").read_bytes() == payload[::-1]
     assert (dest / "c.txt").read_bytes() == b"plain"
@@ -254,9 +257,9 @@ def test_compressed_files_are_decompressed_while_staging(tmp_path: Path) -> None
 def test_two_local_ranks_split_the_work(source: Path, tmp_path: Path) -> None:
     """Two ranks of one node, run one after the other with a no-op barrier, build one complete copy."""
     dest = tmp_path / "dest"
-    first = stage_dataset(source, dest, local_rank=1, local_size=2)
+    first = stage_dataset(StageRequest(source, dest), CallbackComm(local_rank=1, local_size=2))
     assert not (dest / STAGED_MARKER).exists()  # only local rank 0 marks the copy complete
-    stage_dataset(source, dest, local_rank=0, local_size=2)
+    stage_dataset(StageRequest(source, dest), CallbackComm(local_rank=0, local_size=2))
     assert first.files == 7
     assert verify_staged(dest) == 7
 
@@ -269,7 +272,7 @@ def test_sha256_on_request(tmp_path: Path) -> None:
     src.mkdir()
     (src / "x").write_bytes(b"abc")
     build_manifest(src, "sha256").write(src / MANIFEST_NAME)
-    stage_dataset(src, tmp_path / "dest")
+    stage_dataset(StageRequest(src, tmp_path / "dest"))
     assert json.loads((tmp_path / "dest" / MANIFEST_NAME).read_text())["algorithm"] == "sha256"
     assert verify_staged(tmp_path / "dest") == 1
 
@@ -348,7 +351,7 @@ def test_large_file_read_with_direct_io_gives_the_same_copy(tmp_path: Path) -> N
     if resident_bytes(str(src / "big.npy"))[0] > 1 << 20:
         pytest.skip("the kernel kept the file cached after POSIX_FADV_DONTNEED")
     dest = tmp_path / "dest"
-    report = stage_dataset(src, dest, io="direct")
+    report = stage_dataset(StageRequest(src, dest, io="direct"))
     assert report.io is not None and report.io.direct_reads and report.io.label.startswith("direct")
     # read around the page cache: a buffered read would have left the source's pages cached
     assert resident_bytes(str(src / "big.npy"))[0] < 1 << 20
@@ -363,7 +366,7 @@ def test_large_files_read_ahead_in_blocks_give_the_same_copy(tmp_path: Path, wor
     for i in range(2):  # three 16 MiB blocks each, the last one short and not a whole page
         (src / f"big{i}.npy").write_bytes(os.urandom((40 << 20) + 123 + i))
     dest = tmp_path / "dest"
-    report = stage_dataset(src, dest, io="direct", workers=workers)
+    report = stage_dataset(StageRequest(src, dest, io="direct", workers=workers))
     assert report.io is not None and report.io.direct_reads
     for i in range(2):
         assert (dest / f"big{i}.npy").read_bytes() == (src / f"big{i}.npy").read_bytes()
@@ -469,7 +472,7 @@ def test_memory_destination_gets_buffered_writes_and_read_ahead_still_copies(tmp
     (src / "big.npy").write_bytes(os.urandom(3 * BUFFER_BYTES + 5))
     assert not direct_writes_pay("/dev/shm")  # the kernel copies into tmpfs either way
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
-        stage_dataset(src, Path(shm) / "dest", workers=8)
+        stage_dataset(StageRequest(src, Path(shm) / "dest", workers=8))
         assert (Path(shm) / "dest" / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
         assert verify_staged(Path(shm) / "dest") == 1
 
@@ -507,7 +510,7 @@ def test_a_copy_made_by_another_tool_is_verified_and_kept(source: Path, tmp_path
     dest = tmp_path / "dest"
     shutil.copytree(source, dest)
     (dest / MANIFEST_NAME).unlink()  # no journal, no manifest: only the source's checksums
-    report = stage_dataset(source, dest)
+    report = stage_dataset(StageRequest(source, dest))
     assert (report.copied_files, report.skipped_files, report.files) == (0, 7, 7)
     assert verify_staged(dest) == 7
 
@@ -545,7 +548,7 @@ def test_staged_copies_keep_the_source_modes_whatever_the_umask(
     dest = tmp_path / "dest"
     umask(mask)
     settle()
-    stage_dataset(src, dest, processes=processes, workers=2)
+    stage_dataset(StageRequest(src, dest, processes=processes, workers=2))
     modes = {p: (dest / p).stat().st_mode & 0o7777 for p in ("private", "public", "frozen")}
     assert modes == {"private": 0o700, "public": 0o755, "frozen": 0o755}  # a rerun must write there
     files = ("private/f.bin", "public/f.bin", "frozen/f.bin", "run.sh", "notes.txt")
@@ -561,7 +564,9 @@ def test_staged_copies_keep_the_source_modes_whatever_the_umask(
     for written in (MANIFEST_NAME, STAGED_MARKER):  # for others to read: the umask decides
         assert (dest / written).stat().st_mode & 0o777 == 0o666 & ~mask
     assert verify_staged(dest) == 5
-    report = stage_dataset(src, dest, processes=processes, workers=2)  # a rerun over 0o444 files
+    report = stage_dataset(
+        StageRequest(src, dest, processes=processes, workers=2)
+    )  # a rerun over 0o444 files
     assert report.skipped_files == 5
 
 
@@ -570,7 +575,7 @@ def test_an_existing_destination_keeps_its_own_mode(tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     dest.mkdir(mode=0o711)
     dest.chmod(0o711)
-    stage_dataset(src, dest)
+    stage_dataset(StageRequest(src, dest))
     assert dest.stat().st_mode & 0o777 == 0o711  # staging chose neither the folder nor its mode
 
 
@@ -619,7 +624,7 @@ def test_archive_members_keep_their_modes_without_special_bits(tmp_path: Path) -
             info.size, info.mode = 3, mode
             tar.addfile(info, io.BytesIO(b"abc"))
     dest = tmp_path / "dest"
-    stage_dataset(archive, dest)
+    stage_dataset(StageRequest(archive, dest))
     modes = {p: (dest / p).stat().st_mode & 0o7777 for p in ("secret.bin", "tool", "open.bin")}
     assert modes == {"secret.bin": 0o600, "tool": 0o755, "open.bin": 0o644}
 
@@ -628,9 +633,9 @@ def test_a_destination_another_process_holds_is_refused_before_any_work(source: 
     dest = tmp_path / "dest"
     with lock_held_elsewhere(dest) as holder:
         with pytest.raises(StagingError, match=rf"{dest} is in use by pid {holder} on .*a test's hold"):
-            stage_dataset(source, dest)
+            stage_dataset(StageRequest(source, dest))
         assert [p.name for p in dest.iterdir()] == [".mlhpc.lock"]
-    report = stage_dataset(source, dest)  # the holder is gone: its lock with it
+    report = stage_dataset(StageRequest(source, dest))  # the holder is gone: its lock with it
     assert report.copied_files == 7 and verify_staged(dest) == 7
 
 
@@ -643,11 +648,33 @@ def test_a_destination_with_only_a_lock_file_is_fresh(tmp_path: Path) -> None:
     assert not prepare_destination(dest, 0, "0123456789ab")
 
 
-def test_bad_counts_are_refused(source: Path, tmp_path: Path) -> None:
-    for knobs in ({"workers": 0}, {"chunk_bytes": 0}, {"processes": -1}):
-        with pytest.raises(StagingError, match="must be at least 1"):
-            stage_dataset(source, tmp_path / "dest", **knobs)
+@pytest.mark.parametrize(
+    ("knobs", "line"),
+    [
+        ({"workers": 0}, "workers=0 must be a whole number of at least 1; pass 1 or more threads"),
+        ({"workers": True}, "workers=True must be a whole number of at least 1"),
+        ({"workers": "8"}, "workers='8' must be a whole number of at least 1"),
+        ({"chunk_bytes": 0}, "chunk_bytes=0 must be a whole number of at least 1; pass 1 or more bytes"),
+        ({"processes": -1}, "processes=-1 must be a whole number of at least 0; pass 0 or None"),
+        ({"processes": 2.5}, "processes=2.5 must be a whole number of at least 0"),
+        ({"mode": "mirror"}, "mode='mirror' is unknown; use one of replicate, shard, copy"),
+        ({"io": "fast"}, "io='fast' is unknown; use one of auto, buffered, direct, kernel"),
+    ],
+)
+def test_a_bad_request_is_refused_naming_field_value_and_fix(
+    source: Path, tmp_path: Path, knobs: dict[str, object], line: str
+) -> None:
+    with pytest.raises(StagingError, match=re.escape(line)):
+        StageRequest(source, tmp_path / "dest", **knobs)  # type: ignore[arg-type]
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_request_takes_str_paths_and_cannot_change(source: Path, tmp_path: Path) -> None:
+    request = StageRequest(str(source), str(tmp_path / "dest"), workers=2)
+    assert (request.src, request.dest) == (source, tmp_path / "dest")
+    with pytest.raises(AttributeError):
+        request.workers = 3  # type: ignore[misc]
+    assert stage_dataset(request).files == 7
 
 
 def test_an_interrupted_copy_stops_its_large_files_at_the_next_block(tmp_path: Path) -> None:

@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 
 from mlhpc.cli import main
 from mlhpc.common.errors import MlhpcError, StagingError
-from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
+from mlhpc.staging import (
+    MANIFEST_NAME,
+    STAGED_MARKER,
+    StageRequest,
+    build_manifest,
+    stage_dataset,
+    verify_staged,
+)
 from mlhpc.staging.archive import ArchiveExtractor, build_archive_manifest, sidecar_manifest
 from mlhpc.staging.journal import close_journal
 from mlhpc.staging.sink import SinkOptions
@@ -55,7 +62,7 @@ def pack(root: Path, archive: Path) -> Path:
 def test_archive_is_extracted_and_verified(dataset: Path, tmp_path: Path, suffix: str) -> None:
     archive = pack(dataset, tmp_path / f"data{suffix}")
     dest = tmp_path / "dest"
-    report = stage_dataset(archive, dest)
+    report = stage_dataset(StageRequest(archive, dest))
     assert report.files == 12 and report.copied_files == 12
     assert report.job_read_bytes <= archive.stat().st_size
     assert dataset_files(dest) == dataset_files(dataset)
@@ -68,7 +75,7 @@ def test_member_that_disagrees_with_the_archive_manifest_is_refused(dataset: Pat
     with pytest.raises(
         StagingError, match=r"s01\.npy (fails its xxh3_128 check|has \d+ bytes, its manifest)"
     ):
-        stage_dataset(archive, tmp_path / "dest")
+        stage_dataset(StageRequest(archive, tmp_path / "dest"))
     assert not (tmp_path / "dest" / STAGED_MARKER).exists()
 
 
@@ -78,10 +85,10 @@ def test_sidecar_manifest_and_resume(dataset: Path, tmp_path: Path) -> None:
     assert main(["stage", str(archive), "--make-manifest"]) == 0
     assert sidecar_manifest(archive).is_file()
     dest = tmp_path / "dest"
-    stage_dataset(archive, dest)
+    stage_dataset(StageRequest(archive, dest))
     (dest / STAGED_MARKER).unlink()
     (dest / "train" / "s04.npy").unlink()
-    report = stage_dataset(archive, dest)
+    report = stage_dataset(StageRequest(archive, dest))
     assert (report.copied_files, report.skipped_files) == (1, 11)
     assert verify_staged(dest) == 12
 
@@ -119,7 +126,7 @@ def test_archive_path_traversal_is_refused(tmp_path: Path, kind: str, message: s
     archive = unsafe_archive(tmp_path / "evil.tar", kind)
     dest = tmp_path / "deep" / "dest"
     with pytest.raises(StagingError, match=rf"evil\.tar: member .* {message}; refused"):
-        stage_dataset(archive, dest)
+        stage_dataset(StageRequest(archive, dest))
     assert not (dest / STAGED_MARKER).exists()
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "deep" / "evil.txt").exists()
     assert not Path("/tmp/mlhpc-evil.txt").exists()
@@ -226,7 +233,7 @@ def stage_outcome(box: Box, archive: Path) -> StagingError | None:
     """Stage `archive` into the box's DEST; the project's error if it refused (any other
     exception fails the test)."""
     try:
-        stage_dataset(archive, box.dest, workers=2)
+        stage_dataset(StageRequest(archive, box.dest, workers=2))
     except MlhpcError as e:
         assert isinstance(e, StagingError) and "\n" not in str(e)
         assert not (box.dest / STAGED_MARKER).exists()

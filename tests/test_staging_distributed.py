@@ -19,12 +19,12 @@ from tests.conftest import cli_env, dataset_files
 
 pytestmark = pytest.mark.distributed
 
-# Runs `tasks` (stage_dataset keyword sets) one after another in the group; one report per rank.
+# Runs `tasks` (StageRequest keyword sets) one after another in the group; one report per rank.
 STAGE_TASKS = """
 import json, os, signal, sys
 from pathlib import Path
 from mlhpc.common.errors import StagingError
-from mlhpc.staging import exchange, make_comm, stage_dataset
+from mlhpc.staging import StageRequest, exchange, make_comm, stage_dataset
 
 tasks = json.loads(Path(sys.argv[1]).read_text())
 comm = make_comm(sys.argv[3], each_rank_a_node=True)
@@ -40,7 +40,7 @@ out = []
 for task in tasks:
     dest = Path(task.pop("dest").replace("{node}", str(comm.topology.node)))
     try:
-        r = stage_dataset(Path(task.pop("src")), dest, comm=comm, **task)
+        r = stage_dataset(StageRequest(task.pop("src"), dest, **task), comm)
         out.append({"files": r.files, "copied": r.copied_files, "skipped": r.skipped_files,
                     "read": r.read_bytes, "job_read": r.job_read_bytes, "node": r.node, "nodes": r.num_nodes})
     except StagingError as e:

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
+from mlhpc.staging import (
+    MANIFEST_NAME,
+    STAGED_MARKER,
+    StageRequest,
+    build_manifest,
+    stage_dataset,
+    verify_staged,
+)
 from mlhpc.staging.manifest import hash_file
 from tests.conftest import cli_env
 
@@ -71,7 +78,7 @@ def test_a_link_to_a_fifo_and_a_socket_are_refused(tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(src / "sock"))
         with pytest.raises(StagingError, match=r"sock is a socket, not a regular file"):
-            stage_dataset(src, tmp_path / "dest", workers=2)
+            stage_dataset(StageRequest(src, tmp_path / "dest", workers=2))
 
 
 def test_a_manifest_that_names_a_fifo_is_refused_by_stage(tmp_path: Path) -> None:
@@ -87,12 +94,12 @@ def test_a_manifest_that_names_a_fifo_is_refused_by_stage(tmp_path: Path) -> Non
 def test_a_fifo_in_place_of_the_manifest_or_a_sidecar(tmp_path: Path) -> None:
     src = source(tmp_path / "src")
     os.mkfifo(src / MANIFEST_NAME)  # not a file: the source is listed instead, never blocked on
-    assert stage_dataset(src, tmp_path / "dest", workers=2).files == 2
+    assert stage_dataset(StageRequest(src, tmp_path / "dest", workers=2)).files == 2
 
 
 def test_verify_refuses_a_fifo_in_place_of_a_staged_file(tmp_path: Path) -> None:
     src, dest = source(tmp_path / "src"), tmp_path / "dest"
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     (dest / "a.bin").unlink()
     os.mkfifo(dest / "a.bin")
     line = one_line(mlhpc("verify", dest))
@@ -107,7 +114,7 @@ def test_verify_refuses_a_fifo_in_place_of_the_sources_file(tmp_path: Path) -> N
     from mlhpc.staging.journal import SOURCES_NAME
 
     src, dest = source(tmp_path / "src"), tmp_path / "dest"
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     (dest / SOURCES_NAME).unlink()
     os.mkfifo(dest / SOURCES_NAME)
     proc = mlhpc("verify", dest)  # no records to judge the source by: said so, not blocked
@@ -118,7 +125,7 @@ def test_a_restage_over_a_fifo_journal_or_marker(tmp_path: Path) -> None:
     from mlhpc.staging.journal import JOURNAL_PREFIX
 
     src, dest = source(tmp_path / "src"), tmp_path / "dest"
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     os.mkfifo(dest / f"{JOURNAL_PREFIX}0123456789ab.77.jsonl")
     (dest / MANIFEST_NAME).unlink()
     os.mkfifo(dest / MANIFEST_NAME)

@@ -11,8 +11,8 @@ import pytest
 import xxhash
 
 from mlhpc.common.errors import StagingError
+from mlhpc.staging import StageRequest, stage_dataset, verify_staged
 from mlhpc.staging import stage as stage_module
-from mlhpc.staging import stage_dataset, verify_staged
 from mlhpc.staging.buffered import SLICE_BYTES, copy_buffered
 from mlhpc.staging.iopath import cached_fraction, cgroup_room, decide, resident_bytes
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
@@ -98,7 +98,7 @@ def test_every_io_path_stages_a_verified_copy(tmp_path: Path, io: str) -> None:
     src = small_source(tmp_path / "src")
     (src / "big.bin").write_bytes(os.urandom(2 * SLICE_BYTES + 123))  # sliced, and read with O_DIRECT
     build_manifest(src).write(src / MANIFEST_NAME)
-    report = stage_dataset(src, tmp_path / "dest", io=io, workers=4)
+    report = stage_dataset(StageRequest(src, tmp_path / "dest", io=io, workers=4))
     assert report.io is not None and report.io.label == ("direct" if io == "direct" else "buffered")
     assert report.metadata()["staging_io"] == report.io.label
     assert verify_staged(tmp_path / "dest") == 31 and dataset_files(tmp_path / "dest") == dataset_files(src)
@@ -136,7 +136,7 @@ def test_a_buffered_copy_names_a_file_that_shrank_or_grew(tmp_path: Path, actual
 def test_a_buffered_copy_keeps_the_source_mode_less_setuid(tmp_path: Path) -> None:
     src = small_source(tmp_path / "src", count=2)
     os.chmod(src / "d0" / "f000.bin", 0o4640)
-    stage_dataset(src, tmp_path / "dest", io="buffered")
+    stage_dataset(StageRequest(src, tmp_path / "dest", io="buffered"))
     assert (tmp_path / "dest" / "d0" / "f000.bin").stat().st_mode & 0o7777 == 0o640
 
 
@@ -145,11 +145,11 @@ def test_a_buffered_copy_does_not_follow_a_planted_link(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     dest = tmp_path / "dest"
-    stage_dataset(src, dest, io="buffered")
+    stage_dataset(StageRequest(src, dest, io="buffered"))
     (dest / "d1").rename(tmp_path / "d1-moved")
     (dest / "d1").symlink_to(outside)
     with pytest.raises(StagingError, match=r"goes through the symlink 'd1'; refused"):
-        stage_dataset(src, dest, io="buffered")
+        stage_dataset(StageRequest(src, dest, io="buffered"))
     assert list(outside.iterdir()) == []
 
 
@@ -162,8 +162,8 @@ def test_durable_syncs_before_the_marker(tmp_path: Path, monkeypatch: pytest.Mon
         "sync_filesystem",
         lambda folder: synced.append((folder / stage_module.STAGED_MARKER).exists()) or real(folder),
     )
-    assert not stage_dataset(src, tmp_path / "plain").durable and synced == []
-    report = stage_dataset(src, tmp_path / "durable", durable=True)
+    assert not stage_dataset(StageRequest(src, tmp_path / "plain")).durable and synced == []
+    report = stage_dataset(StageRequest(src, tmp_path / "durable", durable=True))
     assert report.durable and report.metadata()["staging_durable"] is True
     assert synced == [False]  # synced once, before the marker was written
 

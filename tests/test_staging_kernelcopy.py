@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging import buffered, stage_dataset, verify_staged
+from mlhpc.staging import StageRequest, buffered, stage_dataset, verify_staged
 from mlhpc.staging.buffered import KERNEL_COPY_MIN_BYTES, KERNEL_SLICE_BYTES, copy_kernel
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
 from mlhpc.staging.sink import forget_checked_dirs
@@ -142,7 +142,7 @@ def test_io_kernel_stages_large_files_in_the_kernel_and_small_ones_as_before(
     monkeypatch.setattr(
         "mlhpc.staging.copy.copy_kernel", lambda s, d, e, *rest: kernel.append(e.path) or real(s, d, e, *rest)
     )
-    report = stage_dataset(src, tmp_path / "dest", io="kernel", workers=2)
+    report = stage_dataset(StageRequest(src, tmp_path / "dest", io="kernel", workers=2))
     assert report.io is not None and report.io.label == "buffered, kernel copy"
     assert report.metadata()["staging_io"] == "buffered, kernel copy"
     assert kernel == ["d/big.bin"]

@@ -12,7 +12,7 @@ from subprocess import CompletedProcess
 import pytest
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset
+from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, StageRequest, build_manifest, stage_dataset
 from mlhpc.staging.journal import JOURNAL_PREFIX, read_journals
 from mlhpc.staging.manifest import Manifest, hash_file, list_dataset_files, scan_dataset
 
@@ -64,7 +64,7 @@ def test_manifest_entry_outside_src_is_refused(box: Path, entry: str, problem: s
     write_manifest(box / "src", [entry])
     before = tree(box)
     with pytest.raises(StagingError) as caught:
-        stage_dataset(box / "src", box / "dest", workers=2)
+        stage_dataset(StageRequest(box / "src", box / "dest", workers=2))
     message = str(caught.value)
     assert f"{box / 'src' / MANIFEST_NAME}: manifest entry {entry!r} {problem}" in message
     assert message.endswith("(mlhpc manifest SRC)") and "\n" not in message
@@ -140,7 +140,7 @@ def test_rerun_over_a_tampered_destination_stays_inside(box: Path) -> None:
     nothing is skipped: the rerun copies again and writes its own manifest."""
     src, dest = box / "src", box / "dest"
     build_manifest(src).write(src / MANIFEST_NAME)
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     checksum = hash_file(src / "a.bin")
     journal_lines(dest, ["../outside.txt", 100, checksum, "a.bin", checksum])
     (dest / MANIFEST_NAME).write_text(
@@ -150,7 +150,7 @@ def test_rerun_over_a_tampered_destination_stays_inside(box: Path) -> None:
     )
     (dest / STAGED_MARKER).unlink()
     before = (box / "outside.txt").read_bytes()
-    report = stage_dataset(src, dest, workers=2)
+    report = stage_dataset(StageRequest(src, dest, workers=2))
     assert report.files == 1 and (box / "outside.txt").read_bytes() == before
     assert [f.path for f in Manifest.read(dest / MANIFEST_NAME).files] == ["a.bin"]
 
@@ -165,7 +165,7 @@ def test_file_listing_stays_under_the_root(box: Path) -> None:
     os.symlink("..", src / "up")
     assert list_dataset_files(src) == ["a.bin"]
     assert [f.path for f in scan_dataset(src).files] == ["a.bin"]
-    report = stage_dataset(src, box / "dest", workers=2)
+    report = stage_dataset(StageRequest(src, box / "dest", workers=2))
     staged = [name for name in tree(box / "dest") if not name.startswith(".")]
     assert report.files == 1 and sorted(staged) == ["a.bin", MANIFEST_NAME]
 

@@ -19,7 +19,14 @@ import pytest
 import zstandard
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, stage_dataset, verify_staged
+from mlhpc.staging import (
+    MANIFEST_NAME,
+    STAGED_MARKER,
+    StageRequest,
+    build_manifest,
+    stage_dataset,
+    verify_staged,
+)
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
 from mlhpc.staging.origin import RACY_NS
 from mlhpc.staging.stage import STAGING_OWNED, run_tokens, space_shortfall
@@ -51,28 +58,28 @@ def test_a_users_files_in_dest_survive_a_restage_after_the_source_changed(tmp_pa
     """A user's file in DEST is not ours to remove, and a loader would read it as data: the
     restage refuses in one line naming it, before the marker, and removes nothing of it."""
     src, dest = source(tmp_path / "src"), tmp_path / "dest"
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     (dest / "sub" / "results.csv").write_text("mine")  # not in the source, never staged: not ours
     (src / "sub" / "b.bin").unlink()  # its copy is ours and unchanged: it goes
     (src / "a.bin").write_bytes(b"A" * 7)
     with pytest.raises(StagingError, match=r"holds sub/results\.csv, which .* does not have and no staging"):
-        stage_dataset(src, dest, workers=2)
+        stage_dataset(StageRequest(src, dest, workers=2))
     assert (dest / "sub" / "results.csv").read_text() == "mine" and not (dest / STAGED_MARKER).exists()
     (dest / "sub" / "results.csv").rename(tmp_path / "results.csv")  # the fix the line names
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     assert dataset_files(dest) == dataset_files(src) and (dest / "a.bin").read_bytes() == b"A" * 7
 
 
 def test_a_file_named_like_our_temporary_file_is_not_removed_without_our_token(tmp_path: Path) -> None:
     src, dest = source(tmp_path / "src"), tmp_path / "dest"
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     (token,) = run_tokens(dest)
     theirs = [dest / ".a.bin.mlhpc-partial", dest / "sub" / ".b.bin.ffffffffffff.mlhpc-partial"]
     ours = dest / "sub" / f".b.bin.{token}.mlhpc-partial"  # a leftover of our own killed run
     for path in [*theirs, ours]:
         path.write_text("x")
     (src / "a.bin").write_bytes(b"changed")
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
     assert all(path.read_text() == "x" for path in theirs) and not ours.exists()
     assert verify_staged(dest) == 2
 
@@ -83,14 +90,14 @@ def test_a_dest_with_a_users_file_and_no_staging_bookkeeping_is_left_untouched(t
     (dest / ".x.0123456789ab.mlhpc-partial").write_text("a user's file with our suffix")
     (dest / "keep.txt").write_text("k")
     with pytest.raises(StagingError, match="which mlhpc did not stage"):
-        stage_dataset(src, dest, workers=2)
+        stage_dataset(StageRequest(src, dest, workers=2))
     assert sorted(p.name for p in dest.iterdir()) == [".x.0123456789ab.mlhpc-partial", "keep.txt"]
 
 
 def test_the_ownership_file_records_each_run(tmp_path: Path) -> None:
     src, dest = source(tmp_path / "src"), tmp_path / "dest"
-    stage_dataset(src, dest, workers=2)
-    stage_dataset(src, dest, workers=2)
+    stage_dataset(StageRequest(src, dest, workers=2))
+    stage_dataset(StageRequest(src, dest, workers=2))
     assert len(run_tokens(dest)) == 2 and (dest / STAGING_OWNED).read_text().count("run ") == 2
     assert not list(dest.glob(".mlhpc_journal*"))  # each run's journals: removed, their lines kept
 
@@ -138,9 +145,9 @@ def test_a_checksummed_zst_and_a_gz_carry_no_warning(tmp_path: Path) -> None:
         ("c.tar.gz", gzip.compress(tar_bytes({"x": b"x"}))),
     ):
         (tmp_path / name).write_bytes(data)
-        assert stage_dataset(tmp_path / name, tmp_path / f"dest-{name}").warnings == ()
+        assert stage_dataset(StageRequest(tmp_path / name, tmp_path / f"dest-{name}")).warnings == ()
     (tmp_path / "p.tar").write_bytes(tar_bytes({"x": b"x"}))
-    (warning,) = stage_dataset(tmp_path / "p.tar", tmp_path / "dest-p").warnings
+    (warning,) = stage_dataset(StageRequest(tmp_path / "p.tar", tmp_path / "dest-p")).warnings
     assert "a .tar carries no checksum of its members' bytes" in warning
 
 
@@ -149,7 +156,7 @@ def test_an_archives_folder_modes_are_kept_safely(tmp_path: Path, umask_022: Non
     folders = {"private": 0o700, "shared": 0o2775, "open": 0o777, "empty": 0o750}
     archive.write_bytes(tar_bytes({"private/f": b"1", "shared/g": b"2", "open/h": b"3"}, folders))
     dest = tmp_path / "dest"
-    stage_dataset(archive, dest)
+    stage_dataset(StageRequest(archive, dest))
     modes = {name: (dest / name).stat().st_mode & 0o7777 for name in folders}
     assert modes == {"private": 0o700, "shared": 0o755, "open": 0o755, "empty": 0o750}
 
@@ -183,7 +190,7 @@ def test_manifest_entries_through_a_symlinked_folder_are_refused(tmp_path: Path)
     (src / "jump").symlink_to(tmp_path / "elsewhere")
     build_manifest(src, files=["a.bin", "sub/b.bin", "jump/secret.bin"]).write(src / MANIFEST_NAME)
     with pytest.raises(StagingError, match=r"entry 'jump/secret\.bin' goes through .*jump, a symbolic link"):
-        stage_dataset(src, tmp_path / "dest")
+        stage_dataset(StageRequest(src, tmp_path / "dest"))
     assert not (tmp_path / "dest" / "jump").exists()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from mlhpc.commands import add_command
 from mlhpc.common.errors import ConfigError
 from mlhpc.staging.plan import MODES
-from mlhpc.staging.stage import DEFAULT_WORKERS
+from mlhpc.staging.request import DEFAULT_WORKERS
 
 VERIFY_WORKERS = 8
 
@@ -150,7 +150,7 @@ def _refuse_bad_counts(command: str, counts: dict[str, int | None]) -> None:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from mlhpc.staging import make_comm, stage_dataset
+    from mlhpc.staging import StageRequest, make_comm, stage_dataset
 
     counts = {"--workers": args.workers, "--processes": args.processes, "--chunk-mib": args.chunk_mib}
     _refuse_bad_counts("stage", counts)
@@ -163,7 +163,6 @@ def _stage(args: argparse.Namespace) -> int:
         raise ConfigError(
             "mlhpc stage needs DEST: mlhpc stage SRC DEST (to write SRC's manifest: mlhpc manifest SRC)"
         )
-    comm = make_comm(args.comm, each_rank_a_node=args.each_rank_a_node)
     from mlhpc.common.printable import shown
 
     if not args.src.exists() and not args.src.is_symlink():
@@ -171,12 +170,12 @@ def _stage(args: argparse.Namespace) -> int:
             f"mlhpc stage: the source {shown(str(args.src))} does not exist; pass as SRC a dataset folder or a "
             ".tar, .tar.gz or .tar.zst archive"
         )
+    comm = make_comm(args.comm, each_rank_a_node=args.each_rank_a_node)
     dest = Path(str(args.dest).replace("{node}", str(comm.topology.node)))
     try:
-        report = stage_dataset(
+        request = StageRequest(
             args.src,
             dest,
-            comm=comm,
             mode=args.mode,
             workers=args.workers,
             processes=args.processes,
@@ -186,6 +185,7 @@ def _stage(args: argparse.Namespace) -> int:
             chunk_bytes=args.chunk_mib << 20,
             progress=True,
         )
+        report = stage_dataset(request, comm)
     finally:
         comm.close()
     if comm.rank == 0:

@@ -31,6 +31,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.staging.comm import CallbackComm, Communicator
 from mlhpc.staging.connect import make_comm
 from mlhpc.staging.manifest import MANIFEST_NAME, build_manifest
+from mlhpc.staging.request import StageRequest
 from mlhpc.staging.sink import ALIGN, BufferPool, align_up
 from mlhpc.staging.stage import stage_dataset
 
@@ -447,7 +448,7 @@ def medians(times: dict[str, list[Timing]]) -> dict[str, Timing]:
 
 def stage_timing(src: Path, dest: Path, cold: bool = True) -> Timing:
     """One rank's `stage_dataset` with its defaults, like `cp_timing`."""
-    return _copy_timing(lambda: stage_dataset(src, dest), src, dest, cold)
+    return _copy_timing(lambda: stage_dataset(StageRequest(src, dest)), src, dest, cold)
 
 
 def memory_cgroup(name: str, limit_bytes: int) -> Path | None:
@@ -505,12 +506,14 @@ def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[st
         comm.barrier()
         started = time.perf_counter()
         report = stage_dataset(
-            Path(row["src"]),
-            dest,
-            comm=comm,
-            mode=row["mode"],
-            workers=row["workers"],
-            processes=row.get("processes"),
+            StageRequest(
+                Path(row["src"]),
+                dest,
+                mode=row["mode"],
+                workers=row["workers"],
+                processes=row.get("processes"),
+            ),
+            comm,
         )
         comm.barrier()
         wall = time.perf_counter() - started

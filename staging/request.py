@@ -1,0 +1,97 @@
+"""What a staging job is asked to do (`StageRequest`) and what it did (`StageReport`)."""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass
+from pathlib import Path
+
+from mlhpc.common.errors import StagingError
+from mlhpc.staging.iopath import IO_CHOICES, IoPlan
+from mlhpc.staging.plan import MODES, Mode
+
+DEFAULT_WORKERS = 32
+DEFAULT_CHUNK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class StageRequest:
+    """One staging job: copy `src` into `dest`, how, and how hard. Every rank passes the same one."""
+
+    src: Path
+    """The dataset: a directory or a .tar, .tar.gz or .tar.zst archive (a `str` is made a Path)."""
+    dest: Path
+    """The node-local folder that ends up holding it (a `str` is made a Path)."""
+    _: KW_ONLY
+    mode: Mode = "replicate"
+    """What each node ends with (`plan.MODES`): the whole dataset read once, its share, or a copy."""
+    workers: int = DEFAULT_WORKERS
+    """Threads copying and hashing on each rank."""
+    processes: int | None = None
+    """Worker processes on each rank (0 or None: chosen by the file count)."""
+    decompress: bool = False
+    """Stage `x.gz`/`x.zst` files of a directory as `x`, decompressed."""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    """Bytes one exchange message carries between nodes."""
+    progress: bool = False
+    """Show a progress bar (rank 0 only, at a terminal)."""
+    io: str = "auto"
+    """The I/O path (`iopath.IO_CHOICES`): "auto" decides on the facts, or "buffered", "direct", "kernel"."""
+    durable: bool = False
+    """Put the copy on disk (syncfs) before the completion marker is written."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "src", Path(self.src))  # frozen: the one place a field is normalised
+        object.__setattr__(self, "dest", Path(self.dest))
+        _refuse_count("workers", self.workers, 1, "pass 1 or more threads")
+        _refuse_count("chunk_bytes", self.chunk_bytes, 1, "pass 1 or more bytes (the default is 16 MiB)")
+        if self.processes is not None:
+            _refuse_count("processes", self.processes, 0, "pass 0 or None to choose automatically")
+        if self.mode not in MODES:
+            raise StagingError(f"mode={self.mode!r} is unknown; use one of {', '.join(MODES)}")
+        if self.io not in IO_CHOICES:
+            raise StagingError(f"io={self.io!r} is unknown; use one of {', '.join(IO_CHOICES)}")
+
+
+def _refuse_count(field: str, value: object, least: int, fix: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise StagingError(f"{field}={value!r} must be a whole number of at least {least}; {fix}")
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """What staging did; `files`/`bytes` are what this node holds, the rest this rank's work."""
+
+    dest: Path
+    files: int
+    bytes: int
+    seconds: float
+    mode: str = "copy"
+    copied_files: int = 0
+    """Files this rank wrote (resumed ones excluded)."""
+    skipped_files: int = 0
+    """Files this rank found staged and verified already (a resumed run)."""
+    read_bytes: int = 0
+    """Bytes this rank read from the source."""
+    job_read_bytes: int = 0
+    """Bytes all ranks together read from the source (replicate: the dataset once)."""
+    node: int = 0
+    num_nodes: int = 1
+    io: IoPlan | None = None
+    """The I/O path this rank took, and why."""
+    durable: bool = False
+    """Whether the copy was on disk before the marker was written (`--durable`)."""
+    checked_by: str = "checksums"
+    """What a kept file was judged on: "checksums" (a manifest) or "identity" (size, mtime,
+    ctime and inode of its source, `IDENTITY_PROMISE`)."""
+    warnings: tuple[str, ...] = ()
+    """What the staging cannot promise about this source, one line each (a checksum-less archive)."""
+
+    def metadata(self) -> dict[str, float | int | str | bool]:
+        io = self.io.metadata() if self.io else {}
+        return {
+            "staging_duration": self.seconds,
+            "staged_files": self.files,
+            "staged_bytes": self.bytes,
+            **io,
+            "staging_durable": self.durable,
+        }
