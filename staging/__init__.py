@@ -6,11 +6,13 @@ Torch-free so it runs on a login node; ranks coordinate through a small `Communi
 
 from mlhpc.staging.comm import CallbackComm, Communicator
 from mlhpc.staging.connect import comm_for, make_comm
+from mlhpc.staging.destination import STAGED_MARKER
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE, resolve_local_dir
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, hash_file
 from mlhpc.staging.plan import MODES, Mode, Topology
 from mlhpc.staging.request import StageReport, StageRequest
-from mlhpc.staging.stage import STAGED_MARKER, stage_dataset, verify_staged
+from mlhpc.staging.stage import stage_dataset
+from mlhpc.staging.verify import verify_staged
 
 __all__ = [
     "LOCAL_DIR_VARIABLE",

@@ -5,49 +5,30 @@ An archive is one stream, so one rank per node extracts it. Its manifest is a si
 without one, checksums are computed from the extracted bytes.
 
 Nothing in an archive is trusted (as with `tarfile.data_filter`): member names and link targets
-go through `common/safepath`, files are never written through a symlink, links are made last
-and judged where they really land; the stream itself is read through `archive_stream`, which
-fails the whole archive in one line naming the byte where it is damaged.
+go through `common/safepath` (`check_member`, here); `extract` writes the members, never through
+a symlink, links last and judged where they really land; the stream itself is read through
+`archive_stream`, which fails the whole archive in one line naming the byte where it is damaged.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import logging
-import os
 import posixpath
-import queue
-import stat
 import tarfile
-import threading
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
 
 import xxhash
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.safepath import inside, landing, link_target, relative_path
-from mlhpc.staging.archive_stream import CorruptArchiveError, open_archive
-from mlhpc.staging.journal import already_staged, journal
+from mlhpc.common.safepath import link_target, relative_path
+from mlhpc.staging.archive_stream import open_archive
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
 from mlhpc.staging.origin import open_regular
 from mlhpc.staging.sink import (
     BUFFER_BYTES,
     PARTIAL_SUFFIX,
-    BufferPool,
-    FileSink,
-    SinkOptions,
-    Staged,
-    checked_dirs,
 )
 
-log = logging.getLogger(__name__)
 ARCHIVE_KINDS = {".tar": "tar", ".tar.gz": "gz", ".tgz": "gz", ".tar.zst": "zst", ".tzst": "zst"}
-_POOLED_MEMBER_BYTES = 16 << 20  # smaller members are written by the thread pool
-_IN_FLIGHT_BYTES = 256 << 20
 
 
 def archive_kind(path: Path) -> str | None:
@@ -125,306 +106,6 @@ def member_node(path: str, num_nodes: int) -> int:
     """The node that holds archive member `path` in shard mode (by a hash of its path: an
     archive is streamed, so its members cannot be balanced by size before they are seen)."""
     return xxhash.xxh3_64_intdigest(path.encode()) % num_nodes
-
-
-class ArchiveExtractor:
-    """Extract one archive stream into `dest`: every member verified, written under a temporary
-    name and renamed; `keep(path)` picks the regular files this node holds."""
-
-    def __init__(
-        self,
-        archive: Path,
-        dest: Path,
-        options: SinkOptions,
-        manifest: Manifest | None,
-        evidence: dict[str, Staged],
-        keep: Callable[[str], bool] = lambda path: True,
-        workers: int = 8,
-        on_done: Callable[[list[Staged]], None] = lambda staged: None,
-        origin: str = "",
-    ) -> None:
-        self.archive = archive
-        self.origin = origin
-        """The archive's identity when it was opened: every member's record carries it, and a
-        rerun keeps a member only when the archive's identity is still this one."""
-        self.dest = dest
-        self.options = options
-        self.expected = {f.path: f for f in manifest.files} if manifest else None
-        self.evidence = evidence
-        self.keep = keep
-        self.on_done = on_done
-        self.staged: dict[str, Staged] = {}
-        """Every member this node holds, by path (written now or verified from an earlier run)."""
-        self.written: list[Staged] = []
-        self.skipped = 0
-        self._links: dict[str, tarfile.TarInfo] = {}
-        """Link members by name, made after the files in archive order (a later member wins)."""
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers))
-        self._futures: list[Future[Staged]] = []
-        self._budget = threading.BoundedSemaphore(_IN_FLIGHT_BYTES >> 20)
-        self._buffers = BufferPool()
-        self._lock = threading.Lock()
-        self._real_dirs = checked_dirs(str(dest), fresh=True)
-        """Directories under `dest` seen to be real ones (no symlink), shared with `FileSink`;
-        links are made last and never replace a directory, so they stay real."""
-        self._real_dest = os.path.realpath(dest)
-        self._seen: set[str] = set()
-        self.folders: dict[str, int] = {}
-        """Folder members and their modes, made and given their modes once all is extracted."""
-
-    def run(self, raw: IO[bytes], kind: str) -> list[Staged]:
-        """Extract everything; on any error, wait for the writers and raise it. The links come
-        last, so that no file is ever written through a link the archive made."""
-        try:
-            with open_archive(raw, kind, self.archive) as tar:
-                for member in tar:
-                    self._take(tar, member)
-            self._drain()
-        except CorruptArchiveError:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            for staged in self.written:  # made from a stream that went bad: none of it is kept
-                (self.dest / staged.path).unlink(missing_ok=True)
-            raise
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        self._check_complete()
-        made = []
-        for member in self._links.values():
-            try:
-                made.append(self._link(member))
-            except OSError as e:
-                raise StagingError(
-                    f"{self.archive}: member {member.name!r}: cannot make the link ({e.strerror}); "
-                    "check the node-local directory, or rebuild the archive without it"
-                ) from e
-        self._check_symlinks([path for path in made if path is not None])
-        self._make_folders()
-        return list(self.staged.values())
-
-    def _make_folders(self) -> None:
-        """Make the archive's folders (empty ones too) and give them their modes as tar does for
-        a user that is not root: the umask applied, no setuid, setgid or sticky bit, and the
-        owner's rwx kept (a rerun writes there)."""
-        umask = 0o022 if self.options.umask is None else self.options.umask
-        fix = "rebuild the archive without it"
-        for name, mode in sorted(self.folders.items()):
-            path = landing(str(self.dest), f"{name}/x", f"{self.archive}: member", fix, self._real_dirs)
-            folder = os.path.dirname(path)
-            os.makedirs(folder, exist_ok=True)
-            if stat.S_ISDIR(os.lstat(folder).st_mode):
-                os.chmod(folder, mode & 0o777 & ~umask | 0o700)
-
-    def _take(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
-        name = check_member(member, self.archive)
-        if name is not None and member.isdir() and not posixpath.basename(name).startswith(".mlhpc"):
-            self.folders[name] = member.mode
-        if name is None or member.isdir() or posixpath.basename(name).startswith(".mlhpc"):
-            return
-        member.name = name
-        if name == MANIFEST_NAME and member.isfile():
-            self._take_manifest(tar.extractfile(member))
-        elif member.issym() or member.islnk():
-            self._links.pop(name, None)  # moved to its place in archive order
-            self._links[name] = member
-        else:
-            self._links.pop(name, None)  # a file after a link of that name: the file wins
-            if self.keep(name):
-                self._member(tar, member)
-
-    def _land(self, name: str) -> str:
-        """Where member `name` is written: refused if a directory on the way is a symlink."""
-        where = f"{self.archive}: member"
-        return landing(str(self.dest), name, where, "rebuild the archive without it", self._real_dirs)
-
-    def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
-        path = self._land(member.name)
-        if os.path.islink(path):  # a link left by an earlier run: the archive says a file goes here
-            os.unlink(path)
-        if member.name in self._seen:  # a later copy of a member wins, after the earlier one is written
-            self._drain()
-        self._seen.add(member.name)
-        entry = self._entry(member.name, member.size)
-        if (kept := already_staged(self.dest, entry, self.evidence, self.options, self.origin)) is not None:
-            self.skipped += 1
-            self.staged[entry.path] = kept
-            return
-        handle = tar.extractfile(member)
-        assert handle is not None
-        if member.size <= _POOLED_MEMBER_BYTES:  # small: read here, hash and write in the pool
-            data = handle.read()
-            megabytes = max(1, len(data) >> 20)
-            for _ in range(megabytes):
-                self._budget.acquire()
-            self._futures.append(self._pool.submit(self._write, entry, [data], megabytes, member.mode))
-            if len(self._futures) > 4096:
-                self._drain(done_only=True)
-            return
-        self._write(entry, iter(lambda: handle.read(BUFFER_BYTES), b""), 0, member.mode)
-
-    def _write(self, entry: FileEntry, pieces: Iterable[bytes], megabytes: int, mode: int) -> Staged:
-        """Write one member; it keeps its mode (FileSink drops setuid, setgid, sticky), and u+rw,
-        so that staging can read it back to verify it and write it again on a rerun."""
-        buffer = self._buffers.get(min(BUFFER_BYTES, entry.size))
-        sink = FileSink(str(self.dest), entry, self.options, buffer, mode=mode | 0o600, origin=self.origin)
-        try:
-            for piece in pieces:
-                sink.write(piece)
-            staged = sink.finish()
-        finally:
-            sink.abort()
-            self._buffers.put(sink.buffer)
-            for _ in range(megabytes):
-                self._budget.release()
-        journal(str(self.dest), self.options.run_token).record(staged)
-        with self._lock:
-            self.staged[staged.source] = staged
-            self.written.append(staged)
-        self.on_done([staged])
-        return staged
-
-    def _entry(self, name: str, size: int) -> FileEntry:
-        with self._lock:
-            known = self.expected.get(name) if self.expected is not None else None
-            listed = self.expected is not None
-        if listed and known is None:
-            raise StagingError(
-                f"{self.archive}: member {name} is not in its {MANIFEST_NAME}; rebuild the manifest"
-            )
-        if known is not None and known.size != size:
-            raise StagingError(
-                f"{self.archive}: member {name} has {size} bytes, its manifest says {known.size}; rebuild the manifest"
-            )
-        return known or FileEntry(name, size, "")
-
-    def _take_manifest(self, handle: IO[bytes] | None) -> None:
-        """A manifest member: check the members before it now, and those after it as they come."""
-        assert handle is not None
-        try:
-            manifest = Manifest.from_json(json.loads(handle.read()), self.archive)
-        except ValueError as e:
-            raise StagingError(
-                f"{self.archive}: its {MANIFEST_NAME} member is not JSON ({e}); rebuild it"
-            ) from e
-        self._drain()
-        with self._lock:
-            if self.expected is None:  # a sidecar manifest wins
-                self.expected = {f.path: f for f in manifest.files}
-        for staged in list(self.staged.values()):
-            known = self.expected.get(staged.source)
-            if known is None or (known.checksum, known.size) != (staged.checksum, staged.size):
-                (self.dest / staged.path).unlink(missing_ok=True)
-                raise StagingError(
-                    f"{self.archive}: member {staged.source} fails its {self.options.algorithm} check "
-                    f"against the archive's {MANIFEST_NAME}; rebuild the archive"
-                )
-
-    def _drain(self, done_only: bool = False) -> None:
-        """Collect finished writes (all of them unless `done_only`), raising the first error."""
-        keep: list[Future[Staged]] = []
-        for future in self._futures:
-            if done_only and not future.done():
-                keep.append(future)
-            else:
-                future.result()
-        self._futures = keep
-
-    def _check_complete(self) -> None:
-        if self.expected is None:
-            return
-        missing = sorted(p for p in self.expected if self.keep(p) and p not in self.staged)
-        if missing:
-            raise StagingError(
-                f"{self.archive} lacks {missing[0]} (and {len(missing) - 1} more) listed in its manifest; "
-                "rebuild the archive"
-            )
-
-    def _link(self, member: tarfile.TarInfo) -> str | None:
-        """Make one link member; returns its path if it is a symlink. A link is judged where it
-        really lands, on the tree as it is now (links made before it included), as
-        `tarfile.data_filter` does: it must stay under DEST, and no directory on its way may
-        be a symlink."""
-        where, fix = f"{self.archive}: member {member.name!r}", "rebuild the archive without it"
-        path = landing(str(self.dest), member.name, f"{self.archive}: member", fix)
-        if member.issym():
-            if not inside(os.path.join(os.path.dirname(path), member.linkname), self._real_dest):
-                raise StagingError(f"{where} links to {member.linkname!r}, outside DEST; refused: {fix}")
-            self._clear(path, where)
-            os.symlink(member.linkname, path)
-            self.staged.pop(member.name, None)  # an earlier file of that name is replaced
-            return path
-        source = relative_path(member.linkname, f"{where} links to", fix)
-        if source not in self.staged:
-            log.warning(
-                "%s: hard link %s -> %s: target not on this node; skipped", self.archive, member.name, source
-            )
-            return None
-        linked = self.staged[source]
-        origin = landing(str(self.dest), linked.path, f"{where} links to", fix)
-        if not stat.S_ISREG(os.lstat(origin).st_mode):
-            raise StagingError(f"{where} links to {source!r}, which is no longer a regular file; {fix}")
-        self._clear(path, where)
-        os.link(origin, path, follow_symlinks=False)
-        self.staged[member.name] = Staged(
-            member.name, linked.size, linked.checksum, member.name, linked.checksum, self.origin
-        )
-        return None
-
-    def _clear(self, path: str, where: str) -> None:
-        """Make room for a link at `path`: its directory made, an earlier file or link removed."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                raise StagingError(f"{where} would replace a directory; refused: rebuild the archive")
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-    def _check_symlinks(self, made: list[str]) -> None:
-        """A link made later can change where an earlier one leads (`x -> b/../..` is inside
-        DEST until `b -> .` is made): once all are made, each must still resolve under DEST."""
-        for path in made:
-            if os.path.islink(path) and not inside(path, self._real_dest):
-                target = os.readlink(path)
-                os.unlink(path)
-                name = os.path.relpath(path, self.dest)
-                raise StagingError(
-                    f"{self.archive}: member {name!r} links to {target!r}, which leads outside DEST "
-                    "through links made after it; refused: rebuild the archive without it"
-                )
-
-
-class Pipe(io.RawIOBase):
-    """Bytes pushed by one thread (the exchange) and read as a file by another (the extractor)."""
-
-    def __init__(self, depth: int = 8) -> None:
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
-        self._left = memoryview(b"")
-        self._eof = False
-
-    def readable(self) -> bool:
-        return True
-
-    def push(self, data: bytes | None, stopped: threading.Event) -> bool:
-        """Hand over `data` (None: the end); False when the reader has stopped reading."""
-        while not stopped.is_set():
-            try:
-                self._queue.put(data, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def readinto(self, target: Any) -> int:
-        while not self._left and not self._eof:
-            item = self._queue.get()
-            if item is None:
-                self._eof = True
-            else:
-                self._left = memoryview(item)
-        n = min(len(target), len(self._left))
-        target[:n] = self._left[:n]
-        self._left = self._left[n:]
-        return n
 
 
 def build_archive_manifest(path: Path, algorithm: str = "xxh3_128") -> Manifest:

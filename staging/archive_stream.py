@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import queue
 import tarfile
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +209,37 @@ def open_archive(raw: IO[bytes], kind: str, archive: Path) -> Iterator[tarfile.T
     except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
         reason = str(e) or type(e).__name__
         raise corrupt(archive, kind, decoded.offset, reason, inner=True) from e
+
+
+class Pipe(io.RawIOBase):
+    """Bytes pushed by one thread (the exchange) and read as a file by another (the extractor)."""
+
+    def __init__(self, depth: int = 8) -> None:
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self._left = memoryview(b"")
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def push(self, data: bytes | None, stopped: threading.Event) -> bool:
+        """Hand over `data` (None: the end); False when the reader has stopped reading."""
+        while not stopped.is_set():
+            try:
+                self._queue.put(data, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def readinto(self, target: Any) -> int:
+        while not self._left and not self._eof:
+            item = self._queue.get()
+            if item is None:
+                self._eof = True
+            else:
+                self._left = memoryview(item)
+        n = min(len(target), len(self._left))
+        target[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n

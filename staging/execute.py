@@ -11,6 +11,7 @@ from typing import IO
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
+from mlhpc.staging.archive_stream import Pipe
 from mlhpc.staging.buffered import make_folders
 from mlhpc.staging.comm import Communicator
 from mlhpc.staging.copy import CopyJob
@@ -21,6 +22,7 @@ from mlhpc.staging.exchange import (
     exchange_rounds,
     peer_have_sets,
 )
+from mlhpc.staging.extract import ArchiveExtractor
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import FileEntry, Manifest
 from mlhpc.staging.origin import changed_while_copied, current_identity, open_regular, recorded_identity
@@ -189,7 +191,7 @@ def stage_archive(
             f"cannot read staging source {src} ({e.strerror}); check it and its permissions"
         ) from e
     opened = os.fstat(fd)
-    extractor = archives.ArchiveExtractor(
+    extractor = ArchiveExtractor(
         src,
         dest,
         settings.options,
@@ -265,7 +267,7 @@ class _Stripes:
 class _PipeFeed:
     """Consumer of the exchange: hands the rounds, in order, to the extractor thread."""
 
-    def __init__(self, pipe: archives.Pipe, stopped: threading.Event, outcome: list[BaseException]) -> None:
+    def __init__(self, pipe: Pipe, stopped: threading.Event, outcome: list[BaseException]) -> None:
         self.pipe = pipe
         self.stopped = stopped
         self.outcome = outcome
@@ -279,12 +281,12 @@ class _PipeFeed:
 
 
 def _exchange_archive(
-    comm: Communicator, src: Path, kind: str, extractor: archives.ArchiveExtractor, settings: Settings
+    comm: Communicator, src: Path, kind: str, extractor: ArchiveExtractor, settings: Settings
 ) -> int:
     topo = comm.topology
     chunk = chunk_size(settings.chunk_bytes, topo.num_nodes)
     stripes = _Stripes(src, topo.node, topo.num_nodes, chunk)
-    pipe = archives.Pipe()
+    pipe = Pipe()
     stopped = threading.Event()
     outcome: list[BaseException] = []
 

@@ -11,6 +11,10 @@ from mlhpc.staging.plan import MODES, Mode
 
 DEFAULT_WORKERS = 32
 DEFAULT_CHUNK_BYTES = 16 << 20
+IDENTITY_PROMISE = (
+    "without a manifest a file already staged is kept when its source's size, mtime, ctime and "
+    "inode are unchanged since it was copied (not its bytes)"
+)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from mlhpc.staging import (
     stage_dataset,
     verify_staged,
 )
-from mlhpc.staging.archive import ArchiveExtractor, build_archive_manifest, sidecar_manifest
+from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
+from mlhpc.staging.extract import ArchiveExtractor
 from mlhpc.staging.journal import close_journal
 from mlhpc.staging.sink import SinkOptions
 from tests.conftest import dataset_files, mlhpc_cli

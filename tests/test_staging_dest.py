@@ -11,7 +11,7 @@ from mlhpc.cli import main
 from mlhpc.common.datasets import DATASET_COMPLETE
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import StageRequest, stage_dataset, verify_staged
-from mlhpc.staging.stage import STAGING_OWNED
+from mlhpc.staging.destination import STAGING_OWNED
 
 
 def make_source(root: Path) -> Path:

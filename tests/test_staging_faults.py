@@ -245,17 +245,17 @@ def test_killed_at_a_random_point_then_a_rerun_completes(
 TERMINATED_BEFORE_THE_MARKER = """
 import os, signal, sys
 from mlhpc import cli
-from mlhpc.staging import stage
+from mlhpc.staging import finish
 
-write = stage.atomic_write_text
+write = finish.atomic_write_text
 
 def terminated(path, text):  # SIGTERM at the last step: every file verified, no marker yet
-    if path.name != stage.STAGED_MARKER:
+    if path.name != finish.STAGED_MARKER:
         return write(path, text)
     os.kill(os.getpid(), signal.SIGTERM)
     signal.pause()
 
-stage.atomic_write_text = terminated
+finish.atomic_write_text = terminated
 sys.exit(cli.main(sys.argv[1:]))
 """
 

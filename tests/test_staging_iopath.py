@@ -12,7 +12,7 @@ import xxhash
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import StageRequest, stage_dataset, verify_staged
-from mlhpc.staging import stage as stage_module
+from mlhpc.staging import finish as finish_module
 from mlhpc.staging.buffered import SLICE_BYTES, copy_buffered
 from mlhpc.staging.iopath import cached_fraction, cgroup_room, decide, resident_bytes
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
@@ -156,11 +156,11 @@ def test_a_buffered_copy_does_not_follow_a_planted_link(tmp_path: Path) -> None:
 def test_durable_syncs_before_the_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = small_source(tmp_path / "src", count=3)
     synced: list[bool] = []
-    real = stage_module.sync_filesystem
+    real = finish_module.sync_filesystem
     monkeypatch.setattr(
-        stage_module,
+        finish_module,
         "sync_filesystem",
-        lambda folder: synced.append((folder / stage_module.STAGED_MARKER).exists()) or real(folder),
+        lambda folder: synced.append((folder / finish_module.STAGED_MARKER).exists()) or real(folder),
     )
     assert not stage_dataset(StageRequest(src, tmp_path / "plain")).durable and synced == []
     report = stage_dataset(StageRequest(src, tmp_path / "durable", durable=True))

@@ -187,7 +187,7 @@ def test_verify_without_the_source_says_so(tmp_path: Path) -> None:
     src, dest = make_source(tmp_path / "src", FILES), tmp_path / "dest"
     stage_dataset(StageRequest(src, dest, workers=2))
     src.rename(tmp_path / "gone")
-    from mlhpc.staging.stage import verify_report
+    from mlhpc.staging.verify import verify_report
 
     count, line = verify_report(dest)
     assert (
@@ -252,11 +252,14 @@ def test_a_source_changed_between_a_kill_and_the_resume(tmp_path: Path, point: i
         stage_command(src, dest), capture_output=True, text=True, env=cli_env(), timeout=120
     )
     removed = {name for name in names if not (src / name).exists()}
-    if resume.returncode != 0 and (stranger := stranger_named(resume.stderr, dest, src)) is not None:
+    moved_out = tmp_path / "moved-out"
+    moved_out.mkdir()
+    while resume.returncode != 0 and (stranger := stranger_named(resume.stderr, dest, src)) is not None:
         # the kill fell between a copy's rename and its journal line, and its source went since:
         # not provably ours, so refused in one line with nothing removed; the user moves it out
         assert stranger in removed and (dest / stranger).is_file(), resume.stderr
-        (dest / stranger).rename(tmp_path / "moved-out")
+        removed.discard(stranger)  # each removed file at most once: the loop ends
+        (dest / stranger).rename(moved_out / stranger.replace("/", "_"))
         resume = subprocess.run(
             stage_command(src, dest), capture_output=True, text=True, env=cli_env(), timeout=120
         )

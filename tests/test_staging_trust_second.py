@@ -28,8 +28,8 @@ from mlhpc.staging import (
     verify_staged,
 )
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
+from mlhpc.staging.destination import STAGING_OWNED, run_tokens, space_shortfall
 from mlhpc.staging.origin import RACY_NS
-from mlhpc.staging.stage import STAGING_OWNED, run_tokens, space_shortfall
 from tests.conftest import cli_env, dataset_files
 
 

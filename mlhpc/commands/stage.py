@@ -127,7 +127,7 @@ def write_manifest(src: Path, workers: int) -> int:
 
 def verify(dest: Path, workers: int = VERIFY_WORKERS) -> int:
     """Re-hash `dest` against its manifest; a mismatch raises, naming the file (no lock needed)."""
-    from mlhpc.staging.stage import verify_report
+    from mlhpc.staging.verify import verify_report
 
     count, source = verify_report(dest, workers=workers)
     print(f"{dest}: {count} files verified")
@@ -192,7 +192,7 @@ def _stage(args: argparse.Namespace) -> int:
         for warning in report.warnings:
             print(f"mlhpc: warning: {warning}", file=sys.stderr)
         if report.checked_by == "identity" and report.skipped_files:
-            from mlhpc.staging.stage import IDENTITY_PROMISE
+            from mlhpc.staging.request import IDENTITY_PROMISE
 
             print(f"{args.src} has no manifest: {IDENTITY_PROMISE}; mlhpc manifest {args.src} adds checksums")
         rate = report.bytes / max(report.seconds, 1e-9) / 1e6

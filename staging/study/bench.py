@@ -227,7 +227,7 @@ def _measure(
 def _plan_datasets(args: argparse.Namespace) -> list[tuple[int, int, int]]:
     """(file KiB, files, bytes) of each dataset of the study, before any is made."""
     if args.data is not None:
-        from mlhpc.staging.stage import read_source
+        from mlhpc.staging.source import read_source
 
         manifest, _ = read_source(args.data)
         files, size = len(manifest.files), manifest.total_bytes
