@@ -105,22 +105,19 @@ class DistContext:
         dist.broadcast_object_list(box, group=self.group, group_src=src)
         return box[0]
 
-    def metric_sync(self) -> dict[str, Any]:
-        """torchmetrics keyword arguments that reduce a metric over exactly this context's ranks:
-        one model instance's group (never the world of a weak-scaling job), Horovod's ranks
-        through its own allgather (torchmetrics knows only torch.distributed), or no sync at all
-        for a single rank."""
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` (picklable, on the CPU), in rank order, over exactly this context's
+        ranks: one model instance's group in a weak-scaling job, Horovod's ranks through its own
+        allgather. One collective whatever the size of `obj`, so ranks holding different numbers
+        of validation samples still issue the same collectives."""
         if not self.distributed:
-            return {"sync_on_compute": False, "distributed_available_fn": lambda: False}
+            return [obj]
         if self._hvd is not None:
-            hvd = self._hvd
-
-            def gather(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
-                parts = hvd.allgather_object(tensor.detach().cpu())
-                return [part.to(tensor.device) for part in parts]
-
-            return {"dist_sync_fn": gather, "distributed_available_fn": lambda: True}
-        return {"process_group": self.group or dist.group.WORLD, "distributed_available_fn": lambda: True}
+            return list(self._hvd.allgather_object(obj))
+        parts: list[Any] = [None] * self.world_size
+        # NCCL pickles through tensors on the current CUDA device (_pick_device set it).
+        dist.all_gather_object(parts, obj, group=self.group)
+        return parts
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Data-parallel wrapper for the backend (DDP; Horovod wraps the optimizer instead)."""
