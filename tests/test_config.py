@@ -21,7 +21,7 @@ def test_packaged_configs_load(cosmo_cfg) -> None:
     assert full.optimizer.base_batch_size == 64
     assert full.optimizer.warmup_epochs == 4
     assert full.optimizer.decay_boundary_epochs == (16, 32)  # the RCP reference at batch 64
-    assert full.optimizer.decay_factors == (0.25,)
+    assert full.optimizer.decay_factors == (0.25, 0.125)
     assert full.optimizer.weight_decay == 0.01
     assert full.model.dropout == 0.0
     assert full.loop.target == 0.124

@@ -37,7 +37,7 @@ def test_dry_run_prints_the_rcp_hyperparameters_and_writes_nothing(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     logged = events(proc.stdout)
     assert logged["global_batch_size"] == 512
-    assert logged["opt_base_learning_rate"] == 0.006 and logged["opt_learning_rate_warmup_factor"] == 4.0
+    assert logged["opt_base_learning_rate"] == 0.024 and logged["opt_learning_rate_warmup_factor"] == 4.0
     assert logged["opt_learning_rate_decay_factor"] == [0.5, 0.25, 0.125, 0.0625]
     keys = list(logged)
     assert keys.index("init_start") < keys.index("seed") < keys.index("init_stop")

@@ -63,47 +63,74 @@ class ModelConfig:
         for units in self.dense_units:
             check_at_least("model.dense_units", units, 1, "give every hidden layer 1 unit or more")
         if not 0 <= self.dropout < 1:
-            raise ValueError(f"model.dropout={self.dropout} must be at least 0 and below 1; set model.dropout=0.0")
+            raise ValueError(
+                f"model.dropout={self.dropout} must be at least 0 and below 1; set model.dropout=0.0"
+            )
 
 
 @dataclass(kw_only=True, frozen=True)
 class OptimizerConfig:
-    """SGD with momentum, linear LR scaling, linear warm-up and step decays (epochs)."""
+    """SGD with momentum, linear LR scaling, linear warm-up and step decays (epochs).
+
+    The per-epoch LR, with i = epoch_num - 1 (MLLOG counts epochs from 1) and peak = the scaled LR:
+    i < warmup_epochs: base + (peak - base) * i / warmup_epochs; then peak x the factor of the latest
+    boundary passed (see decay_first_epoch_num). Every reference run behind a CosmoFlow RCP steps
+    it this way, once an epoch."""
 
     base_learning_rate: float = 0.001
-    """LR at base_batch_size (logged as opt_base_learning_rate); scaled linearly with the global
-    batch size: the peak LR is base_learning_rate x warm-up factor (global / base batch size)."""
+    """LR of the first warm-up epoch, at base_batch_size; the peak LR (logged as
+    opt_base_learning_rate, as the HPC rules define it) is base_learning_rate x global / base batch."""
     base_batch_size: int = 64
     momentum: float = 0.9
+    momentum_form: Literal["torch", "lr_in_velocity"] = "torch"
+    """torch: v = m v + g, p -= lr v. lr_in_velocity: v = m v + lr g, p -= v (Keras and MXNet SGD,
+    NVIDIA's FixedSGD: every CosmoFlow reference); the two differ only when the LR changes."""
     weight_decay: float = 0.0
-    """On the hidden dense layers' kernels only, as both references apply it."""
+    """On the hidden dense layers' kernels only, as every reference applies it; logged as is."""
+    weight_decay_form: Literal["l2_loss", "gradient"] = "gradient"
+    """l2_loss: Keras l2(weight_decay) on the loss, a gradient term 2 x weight_decay x w (the TF
+    references); gradient: a gradient term weight_decay x w (torch SGD's weight_decay)."""
     warmup_epochs: int = 4
     """LR rises linearly from base_learning_rate to the scaled LR over these epochs."""
+    warmup_stepping: Literal["epoch", "step"] = "epoch"
+    """epoch: the warm-up LR changes at the start of each epoch, as the references step it;
+    step: at every optimizer step."""
     decay_boundary_epochs: tuple[int, ...] = (16, 32)
-    decay_factors: tuple[float, ...] = (0.25,)
-    """One per boundary: the multiplier of the scaled LR from that epoch on; or a single factor
-    applied again at every boundary (0.25 at (16, 32): x0.25, then x0.0625), logged as that one
-    number, as the RCP references at batch 64, 128 and 1024 write it."""
+    decay_factors: tuple[float, ...] = (0.25, 0.125)
+    """One per boundary: the multiplier of the peak LR from that boundary on (absolute, not
+    compounded, as every reference applies them)."""
+    decay_first_epoch_num: Literal["b+1", "b+2"] = "b+1"
+    """The first epoch_num trained with boundary b's factor: b+1 (after b epochs; NVIDIA's PyTorch
+    LRSchedulerCalculator, `b <= epoch`), or b+2 (mlcommons/hpc TF `_lr_schedule`, NVIDIA's MXNet
+    LRScheduler: `b < epoch` with epoch counted from 0)."""
+    decay_factor_logged: Literal["list", "max"] = "list"
+    """How opt_learning_rate_decay_factor is logged: the list, or its largest value alone (as the
+    mlcommons/hpc TF reference logs it: max(decay_schedule.values()))."""
 
     def __post_init__(self) -> None:
         check_positive("optimizer.base_learning_rate", self.base_learning_rate)
         check_at_least("optimizer.base_batch_size", self.base_batch_size, 1)
         for name in ("momentum", "weight_decay", "warmup_epochs"):
             check_at_least(f"optimizer.{name}", getattr(self, name), 0)
-        if len(self.decay_factors) not in (1, len(self.decay_boundary_epochs)):
+        if len(self.decay_factors) != len(self.decay_boundary_epochs):
             raise ValueError(
                 f"optimizer.decay_boundary_epochs has {len(self.decay_boundary_epochs)} entries but "
-                f"optimizer.decay_factors has {len(self.decay_factors)}; give one factor per boundary, "
-                "or one factor for every boundary"
+                f"optimizer.decay_factors has {len(self.decay_factors)}; give one factor per boundary "
+                "(the multiplier of the peak LR from that boundary on)"
             )
 
-    def decay_multiplier(self, boundaries_passed: int) -> float:
-        """The multiplier of the scaled LR once this many decay boundaries have passed."""
-        if boundaries_passed == 0:
-            return 1.0
-        if len(self.decay_factors) == 1:
-            return self.decay_factors[0] ** boundaries_passed
-        return self.decay_factors[boundaries_passed - 1]
+    def gradient_weight_decay(self) -> float:
+        """The coefficient of w added to the gradient of a decayed kernel."""
+        return 2.0 * self.weight_decay if self.weight_decay_form == "l2_loss" else self.weight_decay
+
+    def decay_multiplier(self, epoch_index: int) -> float:
+        """The multiplier of the peak LR in epoch `epoch_index` (epoch_num - 1), after the warm-up."""
+        lag = 0 if self.decay_first_epoch_num == "b+1" else 1
+        factor = 1.0
+        for boundary, value in zip(self.decay_boundary_epochs, self.decay_factors, strict=True):
+            if epoch_index >= boundary + lag:
+                factor = value
+        return factor
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -24,33 +24,71 @@ def warmup_factor(cfg: CosmoFlowConfig) -> float:
 
 
 def lr_multiplier(cfg: CosmoFlowConfig, epoch_progress: float) -> float:
-    """Multiplier of the scaled LR after `epoch_progress` epochs (fractional during warm-up)."""
+    """Multiplier of the peak LR after `epoch_progress` epochs (0 at the first step of epoch_num 1)."""
     opt = cfg.optimizer
-    start = 1.0 / warmup_factor(cfg)
-    if epoch_progress < opt.warmup_epochs:
-        return start + (1.0 - start) * epoch_progress / opt.warmup_epochs
-    passed = sum(math.floor(epoch_progress) >= boundary for boundary in opt.decay_boundary_epochs)
-    return opt.decay_multiplier(passed)
+    epoch_index = math.floor(epoch_progress)
+    if epoch_index < opt.warmup_epochs:
+        start = 1.0 / warmup_factor(cfg)
+        done = epoch_index if opt.warmup_stepping == "epoch" else epoch_progress
+        return start + (1.0 - start) * done / opt.warmup_epochs
+    return opt.decay_multiplier(epoch_index)
+
+
+def learning_rate_per_epoch(cfg: CosmoFlowConfig) -> list[float]:
+    """The LR at the first step of every epoch up to max_epochs; index 0 is epoch_num 1."""
+    peak = scaled_learning_rate(cfg)
+    return [peak * lr_multiplier(cfg, float(i)) for i in range(cfg.loop.max_epochs)]
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on the hidden dense layers' kernels only (the TF reference's L2 regulariser on
-    them, NVIDIA's explicit groups); convolutions, biases and the output layer get none."""
+    """Weight decay (the coefficient on the gradient) on the hidden dense layers' kernels only (the
+    TF reference's L2 regulariser on them, NVIDIA's explicit groups); convolutions, biases and the
+    output layer get none. Each group keeps its parameters' names for the dry run."""
     net = getattr(model, "module", model)
-    decayed = [layer.weight for layer in net.dense]
-    chosen = {id(p) for p in decayed}
-    rest = [p for p in model.parameters() if id(p) not in chosen]
-    return [{"params": decayed, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    chosen = {id(layer.weight) for layer in net.dense}
+    named = list(model.named_parameters())
+    decayed = [(n, p) for n, p in named if id(p) in chosen]
+    rest = [(n, p) for n, p in named if id(p) not in chosen]
+    return [
+        {"params": [p for _, p in decayed], "names": [n for n, _ in decayed], "weight_decay": weight_decay},
+        {"params": [p for _, p in rest], "names": [n for n, _ in rest], "weight_decay": 0.0},
+    ]
+
+
+class VelocitySGD(torch.optim.SGD):
+    """SGD with the LR inside the velocity: v = m v + lr (g + wd w); p -= v. Keras' and MXNet's SGD
+    and NVIDIA's CosmoFlow FixedSGD update this way; torch's SGD puts lr outside (p -= lr v)."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad if decay == 0 else p.grad.add(p, alpha=decay)
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                velocity = state["momentum_buffer"].mul_(momentum).add_(grad, alpha=lr)
+                p.sub_(velocity)
+        return loss
 
 
 def build_optimizer(
     cfg: CosmoFlowConfig, model: torch.nn.Module, ctx: DistContext, steps_per_epoch: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """SGD over optimizer steps; `steps_per_epoch` counts optimizer steps, not micro-batches."""
-    optimizer = torch.optim.SGD(
-        parameter_groups(model, cfg.optimizer.weight_decay),
+    opt = cfg.optimizer
+    kind = VelocitySGD if opt.momentum_form == "lr_in_velocity" else torch.optim.SGD
+    optimizer = kind(
+        parameter_groups(model, opt.gradient_weight_decay()),
         lr=scaled_learning_rate(cfg),
-        momentum=cfg.optimizer.momentum,
+        momentum=opt.momentum,
     )
     return optimizer, lr_scheduler(cfg, optimizer, steps_per_epoch)
 
@@ -70,17 +108,21 @@ def compute_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor
 
 def hyperparameters(cfg: CosmoFlowConfig, ctx: DistContext) -> dict[str, Any]:
     """The keys hpc_<ruleset>/closed_cosmoflow.yaml requires or allows, with the values and the
-    spelling of the RCP references (the base LR before scaling, the factor to the peak)."""
+    spelling of the reference runs: opt_base_learning_rate is the peak (scaled) LR, as the HPC rules
+    define it and every reference run logged it; the decay factors as the reference logged them."""
     opt = cfg.optimizer
     factors = list(opt.decay_factors)
+    logged_factor: Any = factors
+    if opt.decay_factor_logged == "max":
+        logged_factor = max(factors, default=1.0)
     return {
         "global_batch_size": cfg.loop.global_batch_size,
         "opt_name": "SGD",
-        "opt_base_learning_rate": opt.base_learning_rate,
+        "opt_base_learning_rate": scaled_learning_rate(cfg),
         "opt_learning_rate_warmup_epochs": opt.warmup_epochs,
         "opt_learning_rate_warmup_factor": warmup_factor(cfg),
         "opt_learning_rate_decay_boundary_epochs": list(opt.decay_boundary_epochs),
-        "opt_learning_rate_decay_factor": factors[0] if len(factors) == 1 else factors,
+        "opt_learning_rate_decay_factor": logged_factor,
         "opt_momentum": opt.momentum,
         "opt_weight_decay": opt.weight_decay,
         "dropout": cfg.model.dropout,
