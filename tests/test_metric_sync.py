@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mlhpc.benchmarks.extreme_weather import data
+from tests.conftest import mllog_events
 from tests.test_distributed import torchrun
 
 pytestmark = pytest.mark.distributed
@@ -74,13 +75,14 @@ class IndexDetector(torch.nn.Module):
         return [detections(int(image[0, 0, 0])) for image in images]
 
 ctx = init_distributed("gloo", "cpu")
-total = int(sys.argv[2])
-# The round-robin shards build_data makes: rank 0 holds images 0, 2, ..., rank 1 images 1, 3, ...
-mine = [snapshot for index, snapshot in enumerate(snapshots(total)) if index % ctx.world_size == ctx.rank]
-loader = [(torch.stack([image for image, _ in mine[i:i + 2]]), [t for _, t in mine[i:i + 2]])
-          for i in range(0, len(mine), 2)]
-value = data.evaluate(IndexDetector(), loader, ctx)
-Path(sys.argv[1], f"rank{ctx.rank}.json").write_text(json.dumps({"map": value, "images": len(mine)}))
+report = {}
+for total in json.loads(sys.argv[2]):
+    # build_data's round-robin shards: rank 0 holds images 0, 2, ..., rank 1 images 1, 3, ...
+    mine = [s for index, s in enumerate(snapshots(total)) if index % ctx.world_size == ctx.rank]
+    loader = [(torch.stack([image for image, _ in mine[i:i + 2]]), [t for _, t in mine[i:i + 2]])
+              for i in range(0, len(mine), 2)]
+    report[total] = {"map": data.evaluate(IndexDetector(), loader, ctx), "images": len(mine)}
+Path(sys.argv[1], f"rank{ctx.rank}.json").write_text(json.dumps(report))
 shutdown_distributed()
 """
 
@@ -114,17 +116,34 @@ def _box(index: int) -> list[float]:
     return [corner, corner, corner + 10.0, corner + 10.0]
 
 
-@pytest.mark.parametrize("total", [1, 3, 5])
-def test_extreme_weather_map_on_uneven_shards_is_the_one_rank_map(tmp_path: Path, total: int) -> None:
+def test_extreme_weather_map_on_uneven_shards_is_the_one_rank_map(tmp_path: Path) -> None:
     """3 and 5 images: the ranks hold 2 and 1, 3 and 2 (torchmetrics' own sync failed with
     'Received data size doesn't match expected size'); 1 image: rank 1 holds none."""
+    totals = [1, 3, 5]
     script = tmp_path / "evaluate.py"
     script.write_text(UNEVEN)
-    proc = torchrun([str(script), str(tmp_path), str(total)], REPO, timeout=300, PYTHONPATH=str(REPO))
+    proc = torchrun([str(script), str(tmp_path), json.dumps(totals)], REPO, timeout=300, PYTHONPATH=str(REPO))
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [r["images"] for r in reports] == [(total + 1) // 2, total // 2]
-    images = snapshots(total)
-    one_rank = data.map_at_iou([detections(i) for i in range(total)], [t for _, t in images])
-    assert 0.0 < one_rank < 1.0
-    assert [r["map"] for r in reports] == [one_rank, one_rank]
+    for total in totals:
+        assert [r[str(total)]["images"] for r in reports] == [(total + 1) // 2, total // 2]
+        images = snapshots(total)
+        one_rank = data.map_at_iou([detections(i) for i in range(total)], [t for _, t in images])
+        assert 0.0 < one_rank < 1.0
+        assert [r[str(total)]["map"] for r in reports] == [one_rank, one_rank], total
+
+
+def test_two_rank_extreme_weather_run_with_an_odd_validation_set_finishes(tmp_path: Path) -> None:
+    """3 validation snapshots over 2 ranks (2 and 1), tiny fields: seconds, not minutes."""
+    out = tmp_path / "out"
+    args = ["-m", "mlhpc", "run", "extreme_weather", "--seeds", "1", "--first-seed", "1"]
+    args += ["--out", str(out), "--system", "ci_cpu_n2", "--backend", "gloo", "--no-check"]
+    args += ["data.height=64", "data.width=96", "data.num_train_samples=8", "data.num_eval_samples=3"]
+    args += ["loop.global_batch_size=4", "loop.mode=fixed_epochs", "loop.max_epochs=2"]
+    proc = torchrun(args, tmp_path, timeout=300, MLHPC_LOCAL_DIR=str(tmp_path / "local"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    events = mllog_events(out / "mlhpc/results/ci_cpu_n2/strong/extreme_weather/result_0.txt")
+    values = {e["key"]: e["value"] for e in events}
+    assert values["eval_samples"] == 3
+    assert len([e for e in events if e["key"] == "eval_accuracy"]) == 2
+    assert next(e for e in events if e["key"] == "run_stop")["metadata"]["status"] == "success"
