@@ -9,3 +9,6 @@ VALID_FLOPS = "valid_flops"
 """HPC AI500's Valid FLOPS: FLOPS x (achieved quality / target quality)^n."""
 VFLOPS_EXPONENT = "vflops_exponent"
 """The n of Valid FLOPS."""
+LOOP_MODE = "loop_mode"
+"""loop.mode of the run: 'target' (MLPerf's time-to-train) or 'fixed_epochs' (HPC AI500's fixed
+epochs, scored by Valid FLOPS); logged before run_start. A log without it is a target-mode log."""

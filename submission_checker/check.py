@@ -42,7 +42,7 @@ from .run_checks import (
     check_weak_score,
     run_timing,
 )
-from .scoring import apply_scaling_factor, olympic_drops, strong_score, weak_score
+from .scoring import apply_scaling_factor, fixed_epoch_score, olympic_drops, strong_score, weak_score
 
 SystemKey = tuple[Path, str]
 
@@ -64,6 +64,24 @@ def _division(system: SystemDesc, files: Sequence[LogAnalysis]) -> str | None:
 def _metric(files: Sequence[LogAnalysis]) -> str | None:
     keys = [key for a in files if a.log is not None for key, _, _ in a.log.evals]
     return max(EVAL_KEYS, key=keys.count) if keys else None
+
+
+def _flops_facts(log: RunLog | None, minutes: float | None) -> dict[str, Any]:
+    """FLOPS and Valid FLOPS of one run. A fixed-epoch run is scored as HPC AI500 scores it
+    (`scoring.fixed_epoch_score`: FLOPS over run_start..run_stop, Valid FLOPS with the quality
+    penalty, worked out from its log); a target-mode run keeps the values it logged."""
+    if log is None:
+        return {}
+    if log.loop_mode == "fixed_epochs":
+        score = fixed_epoch_score(
+            log.benchmark, log.evals, log.flops_per_sample, log.train_samples, log.vflops_exponent, minutes
+        )
+        return {
+            "achieved_flops_per_s": None if score is None else score.flops,
+            "valid_flops": None if score is None else score.valid_flops,
+            "loop_mode": log.loop_mode,
+        }
+    return {"achieved_flops_per_s": log.achieved_flops_per_s, "valid_flops": log.valid_flops}
 
 
 def _run_facts(log: RunLog | None) -> dict[str, Any]:
@@ -112,8 +130,7 @@ def _run_reports(
                 role,
                 epochs,
                 evals,
-                achieved_flops_per_s=None if log is None else log.achieved_flops_per_s,
-                valid_flops=None if log is None else log.valid_flops,
+                **_flops_facts(log, timing.minutes),
                 **_run_facts(log),
             )
         )

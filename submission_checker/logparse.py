@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.common import safe_read
-from mlhpc.common.log_keys import ACHIEVED_FLOPS, VALID_FLOPS
+from mlhpc.common.log_keys import ACHIEVED_FLOPS, FLOPS_PER_SAMPLE, LOOP_MODE, VALID_FLOPS, VFLOPS_EXPONENT
 
 from .rcp import RcpRead, RcpReader
 
@@ -72,6 +72,14 @@ class RunLog:
     """Value of the first `achieved_flops_per_s` line (HPC AI500 benchmarks), if a finite number."""
     valid_flops: float | None = None
     """Value of the first `valid_flops` line (HPC AI500's Valid FLOPS), if a finite number."""
+    loop_mode: str = "target"
+    """Value of the first `loop_mode` line ('target' when the log has none)."""
+    flops_per_sample: float | None = None
+    """Value of the first `flops_per_sample` line, if a finite number."""
+    vflops_exponent: float | None = None
+    """Value of the first `vflops_exponent` line (HPC AI500's n), if a finite number."""
+    train_samples: float | None = None
+    """Value of the first `train_samples` line, if a finite number."""
     org: Any = None
     """Value of the first `submission_org` line."""
     platform: Any = None
@@ -294,6 +302,10 @@ def parse_log(path: Path | str) -> RunLog:
         long_line=long_line,
         achieved_flops_per_s=_number(first.get(ACHIEVED_FLOPS)),
         valid_flops=_number(first.get(VALID_FLOPS)),
+        loop_mode=_text(first.get(LOOP_MODE)) or "target",
+        flops_per_sample=_number(first.get(FLOPS_PER_SAMPLE)),
+        vflops_exponent=_number(first.get(VFLOPS_EXPONENT)),
+        train_samples=_number(first.get("train_samples")),
         org=first.get("submission_org"),
         platform=first.get("submission_platform"),
         status=first.get("submission_status"),

@@ -29,6 +29,9 @@ class RunReport:
     """HPC AI500 benchmarks: training FLOP/s the run logged (None when it logged none)."""
     valid_flops: float | None = None
     """HPC AI500 benchmarks: Valid FLOPS the run logged (None when it logged none)."""
+    loop_mode: str = "target"
+    """'fixed_epochs': HPC AI500's mode, scored by Valid FLOPS (computed by the checker from the log:
+    FLOPS over run_start..run_stop, times the quality penalty) instead of needing the target."""
     staging_s: float | None = None
     """staging_start to staging_stop in seconds; None when the log has no staging interval."""
     samples_per_s: float | None = None
@@ -45,6 +48,7 @@ class RunReport:
             else {
                 "achieved_flops_per_s": self.achieved_flops_per_s,
                 "valid_flops": self.valid_flops,
+                "loop_mode": self.loop_mode,
             }
         )
         return {

@@ -129,3 +129,72 @@ def weak_score(runs: Sequence[RunTiming], required_models: int) -> WeakScore | N
     if per_min is None:
         return None
     return WeakScore(num_models=len(counted), total_min=total, models_per_min=per_min)
+
+
+def valid_flops_penalty(flops: float, quality: float, target: float, exponent: float) -> float:
+    """HPC AI500's Valid FLOPS: FLOPS × (quality / target)^n, the score of a fixed-epoch run.
+
+    Source: HPC AI500 V2.0 (Jiang et al., "HPC AI500 V2.0: The Methodology, Tools, and Metrics for
+    Benchmarking HPC AI Systems", arXiv:2007.00279; ranking at benchcouncil.org/HPCAI500/ranking.html):
+    Valid FLOPS = FLOPS × penalty, penalty = (achieved quality / target quality)^n, a penalty for
+    missing the target (above it the factor exceeds 1, applied as published). n = 5 is their image
+    classification value; none is published for extreme weather, so the benchmark logs its n as
+    `vflops_exponent` (quality.vflops_exponent, 5 by default). Quality is higher-is-better (mAP).
+    """
+    if not (math.isfinite(target) and target > 0):
+        raise ValueError(f"target quality {target} must be positive and finite")
+    if not (math.isfinite(exponent) and exponent > 0):
+        raise ValueError(f"Valid FLOPS exponent n={exponent} must be positive and finite")
+    if not (math.isfinite(quality) and quality >= 0 and math.isfinite(flops) and flops >= 0):
+        raise ValueError(f"FLOPS {flops} and quality {quality} must be finite and not negative")
+    return flops * (quality / target) ** exponent
+
+
+def run_flops(flops_per_sample: float, train_samples: float, epochs: int, run_seconds: float) -> float | None:
+    """HPC AI500's FLOPS of a run: its training FLOPs over its time, run_start to run_stop.
+
+    Training FLOPs = forward + backward FLOPs per sample × samples an epoch × epochs trained; the time
+    is the whole run (data loading, evaluation and communication included), not the compute seconds.
+    None when a value is not a finite, positive number (then the run has no FLOPS to score).
+    """
+    values = (flops_per_sample, train_samples, float(epochs), run_seconds)
+    if not all(math.isfinite(v) for v in values) or run_seconds <= 0 or min(values) < 0:
+        return None
+    return flops_per_sample * train_samples * epochs / run_seconds
+
+
+HPC_AI500_TARGETS = {"extreme_weather": 0.35}
+"""Target quality of each HPC AI500 benchmark, as its rule file checks it in target mode
+(benchmarks/extreme_weather/closed_extreme_weather.yaml: mAP@0.5 >= 0.35)."""
+
+
+@dataclass(frozen=True)
+class FixedEpochScore:
+    """HPC AI500's score of one fixed-epoch run: FLOPS over run_start..run_stop and Valid FLOPS."""
+
+    quality: float
+    """The last evaluation's value (the quality the run reached)."""
+    flops: float
+    valid_flops: float
+
+
+def fixed_epoch_score(
+    benchmark: str | None,
+    evals: Sequence[tuple[str, float, float]],
+    flops_per_sample: float | None,
+    train_samples: float | None,
+    exponent: float | None,
+    minutes: float | None,
+) -> FixedEpochScore | None:
+    """Score a fixed-epoch run from what its log holds; None when something to score it is missing."""
+    target = HPC_AI500_TARGETS.get(benchmark or "")
+    if target is None or not evals or None in (flops_per_sample, train_samples, exponent, minutes):
+        return None
+    assert flops_per_sample is not None and train_samples is not None and exponent is not None
+    assert minutes is not None
+    epochs = int(max(epoch for _, epoch, _ in evals))
+    quality = evals[-1][2]
+    flops = run_flops(flops_per_sample, train_samples, epochs, minutes * 60.0)
+    if flops is None or exponent <= 0 or not (math.isfinite(quality) and quality >= 0):
+        return None
+    return FixedEpochScore(quality, flops, valid_flops_penalty(flops, quality, target, exponent))
