@@ -36,6 +36,18 @@ class RunBreakdown:
     """The run's place under the report folder, e.g. mlhpc/<system>/strong/cosmoflow/result_0."""
     seed: int | None
     breakdown: Breakdown
+    valid_flops: float | None = None
+    """HPC AI500's Valid FLOPS of a fixed-epoch run, from its result log beside the breakdown
+    (`scoring.fixed_epoch_score`: FLOPS over run_start..run_stop × (mAP / target)^n); None for a
+    target-mode run or when the log is not there."""
+
+    @property
+    def run_flops_per_s(self) -> float:
+        """HPC AI500's FLOPS: training FLOPs over the run's time (run_start..run_stop, data loading,
+        evaluation and communication included), where `achieved_flops_per_s` divides by the
+        forward + backward seconds only."""
+        b = self.breakdown
+        return b.flops_per_sample * b.train_samples_seen / b.time_to_train_s if b.time_to_train_s > 0 else 0.0
 
 
 def read_breakdowns(folder: Path) -> list[RunBreakdown]:
@@ -94,7 +106,42 @@ def _read_one(path: Path, folder: Path) -> RunBreakdown:
         name=name.removeprefix("breakdown/"),
         seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
         breakdown=breakdown,
+        valid_flops=_fixed_epoch_valid_flops(path),
     )
+
+
+def _result_log(breakdown_path: Path) -> Path | None:
+    """The result log of a breakdown, by the layout (common/layout.py), not by what the JSON says:
+    <root>/breakdown/<org>/<system>/<scaling>/<bench>/result_<i>.json ->
+    <root>/<org>/results/<system>/<scaling>/<bench>/result_<i>.txt."""
+    parts = breakdown_path.parts
+    if len(parts) < 6 or parts[-6] != "breakdown":
+        return None
+    root = Path(*parts[:-6]) if len(parts) > 6 else Path(".")
+    org, system, scaling, bench = parts[-5:-1]
+    return root / org / "results" / system / scaling / bench / breakdown_path.with_suffix(".txt").name
+
+
+def _fixed_epoch_valid_flops(breakdown_path: Path) -> float | None:
+    """Valid FLOPS of a fixed-epoch run from its result log; None for any other run or no log."""
+    from mlhpc.submission_checker.logparse import parse_log
+    from mlhpc.submission_checker.scoring import fixed_epoch_score
+
+    log_path = _result_log(breakdown_path)
+    if log_path is None or not log_path.is_file():
+        return None
+    try:
+        log = parse_log(log_path)
+    except OSError as e:  # unreadable or refused: the breakdown still reports, without the score
+        _log.warning("no Valid FLOPS for %s: %s", shown(str(log_path)), e)
+        return None
+    if log.loop_mode != "fixed_epochs" or not log.has_start_stop:
+        return None
+    minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
+    score = fixed_epoch_score(
+        log.benchmark, log.evals, log.flops_per_sample, log.train_samples, log.vflops_exponent, minutes
+    )
+    return None if score is None else score.valid_flops
 
 
 def report_command(
@@ -186,6 +233,10 @@ def campaign_table(entry: str, runs: list[RunBreakdown], console: Any) -> tuple[
             table.add_column(phase, justify="right")
         table.add_column("unaccounted", justify="right")
         table.add_column("GFLOP/s", justify="right")
+        table.add_column("run GFLOP/s", justify="right")  # over run_start..run_stop (HPC AI500)
+        scored = any(r.valid_flops is not None for r in runs)
+        if scored:
+            table.add_column("Valid GFLOPS", justify="right")
         for run in runs:
             shares, b = run.breakdown.shares(), run.breakdown
             table.add_row(
@@ -194,6 +245,8 @@ def campaign_table(entry: str, runs: list[RunBreakdown], console: Any) -> tuple[
                 *(f"{shares[phase]:.0%}" for phase in kept),
                 f"{(b.total_s - b.accounted_s) / (b.total_s or 1):.0%}",
                 f"{b.achieved_flops_per_s / 1e9:.1f}",
+                f"{run.run_flops_per_s / 1e9:.1f}",
+                *([_gflops(run.valid_flops)] if scored else []),
             )
         width = Measurement.get(console, console.options.update_width(10_000), table).maximum
         if width <= console.width or len(left_out) == len(PHASES):
@@ -201,10 +254,23 @@ def campaign_table(entry: str, runs: list[RunBreakdown], console: Any) -> tuple[
         left_out.append(by_size[len(left_out)])
 
 
+def _gflops(value: float | None) -> str:
+    return "" if value is None else f"{value / 1e9:.3g}"
+
+
 def _entry_json(entry: str, runs: list[RunBreakdown]) -> dict[str, Any]:
     return {
         "entry": entry,
-        "runs": [{"run": run.name, "seed": run.seed, **run.breakdown.to_dict()} for run in runs],
+        "runs": [
+            {
+                "run": run.name,
+                "seed": run.seed,
+                **run.breakdown.to_dict(),
+                "run_flops_per_s": run.run_flops_per_s,
+                "valid_flops": run.valid_flops,
+            }
+            for run in runs
+        ],
     }
 
 
@@ -219,6 +285,8 @@ CSV_FIELDS = (
     "unaccounted_s",
     "flops_per_sample",
     "achieved_flops_per_s",
+    "run_flops_per_s",
+    "valid_flops",
     "train_samples_seen",
     "settings",
 )
@@ -243,6 +311,8 @@ def report_csv(runs: list[RunBreakdown]) -> str:
                 "unaccounted_s": b.total_s - b.accounted_s,
                 "flops_per_sample": b.flops_per_sample,
                 "achieved_flops_per_s": b.achieved_flops_per_s,
+                "run_flops_per_s": run.run_flops_per_s,
+                "valid_flops": run.valid_flops,
                 "train_samples_seen": b.train_samples_seen,
                 "settings": _settings(b),
             }

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from mlhpc.common.printable import shown
 from mlhpc.common.safe_read import find_files, refusal
 from mlhpc.common.waiting import say_if_slow
 from mlhpc.common.writable import refuse_output_over_inputs
+
+if TYPE_CHECKING:
+    from mlhpc.submission_checker.logparse import RunLog
 
 MAX_RUNS = 200
 """The largest campaign `runs_needed` considers."""
@@ -44,6 +48,9 @@ class RunPoint:
     """Epoch of the last evaluation before run_stop: the one that reached the target."""
     minutes: float
     """(run_stop - run_start) / 60000, as the MLPerf scorers time it."""
+    valid_flops: float | None = None
+    """A fixed-epoch run (loop_mode fixed_epochs): HPC AI500's Valid FLOPS, FLOPS over
+    run_start..run_stop × (quality / target)^n (`scoring.fixed_epoch_score`); None in target mode."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +200,20 @@ def _read_point(path: Path) -> RunPoint | None:
             path, minutes, epochs,
         )  # fmt: skip
         return None
-    return RunPoint(path=str(path), seed=seed, epochs=epochs, minutes=minutes)
+    return RunPoint(path=str(path), seed=seed, epochs=epochs, minutes=minutes, valid_flops=_valid_flops(log))
+
+
+def _valid_flops(log: RunLog) -> float | None:
+    """A fixed-epoch run's Valid FLOPS (scored with the penalty, not dropped below the target)."""
+    from mlhpc.submission_checker.scoring import fixed_epoch_score
+
+    if log.loop_mode != "fixed_epochs" or not log.has_start_stop:
+        return None
+    minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
+    score = fixed_epoch_score(
+        log.benchmark, log.evals, log.flops_per_sample, log.train_samples, log.vflops_exponent, minutes
+    )
+    return None if score is None else score.valid_flops
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,10 +228,13 @@ class Variability:
     runs_needed: int | None
     difference: float
     confidence: float
+    valid_flops: Spread | None = None
+    """Over the fixed-epoch runs that have one: HPC AI500's Valid FLOPS spread."""
 
 
 def analyse(entry: str, runs: Sequence[RunPoint], difference: float, confidence: float) -> Variability:
     minutes = Spread.of([r.minutes for r in runs])
+    scored = [r.valid_flops for r in runs if r.valid_flops is not None]
     return Variability(
         entry=entry,
         runs=tuple(runs),
@@ -221,6 +244,7 @@ def analyse(entry: str, runs: Sequence[RunPoint], difference: float, confidence:
         runs_needed=runs_needed(minutes.cv, difference, confidence),
         difference=difference,
         confidence=confidence,
+        valid_flops=Spread.of(scored) if scored else None,
     )
 
 
@@ -248,9 +272,16 @@ def variability_command(
         table = Table()
         for column in ("run", "seed", "epochs to target", "minutes to target"):
             table.add_column(column, justify="right")
+        if result.valid_flops is not None:
+            table.add_column("Valid GFLOPS", justify="right")
         for run in result.runs:
+            vflops = [] if result.valid_flops is None else [_gflops(run.valid_flops)]
             table.add_row(
-                escape(shown(Path(run.path).stem)), str(run.seed), f"{run.epochs:g}", f"{run.minutes:.3f}"
+                escape(shown(Path(run.path).stem)),
+                str(run.seed),
+                f"{run.epochs:g}",
+                f"{run.minutes:.3f}",
+                *vflops,
             )
         for label, spread in (("mean", "mean"), ("std", "std")):
             table.add_row(
@@ -261,6 +292,12 @@ def variability_command(
         olympic = (
             f"{result.olympic_minutes:.3f} min" if result.olympic_minutes is not None else "n/a (<3 runs)"
         )
+        if result.valid_flops is not None:
+            v = result.valid_flops
+            console.print(
+                f"HPC AI500 Valid FLOPS over {len(v.values)} fixed-epoch runs: mean {v.mean / 1e9:.4g} "
+                f"GFLOPS, cv {v.cv:.1%} (FLOPS over run_start..run_stop x (quality / target)^n)"
+            )
         needed = str(result.runs_needed) if result.runs_needed is not None else f"more than {MAX_RUNS}"
         console.print(
             f"olympic mean {olympic}; to tell two systems {result.difference:.0%} apart at "
@@ -289,6 +326,10 @@ def plot_distributions(results: Sequence[Variability], path: Path) -> None:
         axis.set_xlabel(label)
         axis.grid(axis="x", alpha=0.3)
     write_png(fig, path)
+
+
+def _gflops(value: float | None) -> str:
+    return "" if value is None else f"{value / 1e9:.4g}"
 
 
 def _entry_name(entry: Path, root: Path) -> str:

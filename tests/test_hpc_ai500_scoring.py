@@ -3,6 +3,7 @@ the Valid FLOPS penalty over run_start..run_stop, and a target-mode run below ta
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -94,3 +95,81 @@ def test_penalty_refuses_impossible_targets_and_exponents(bad: float) -> None:
     with pytest.raises(ValueError):
         valid_flops_penalty(1.0, 0.3, 0.35, bad)
     assert run_flops(1.0, 1.0, 1, bad) is None
+
+
+# --- mlhpc check, report and variability on a folder of fixed-epoch runs ------------------
+
+QUALITIES = (0.28, 0.30, 0.21, 0.33, 0.25)  # every run below the 0.35 target
+ENTRY = ("Org", "results", "sysA", "strong", "extreme_weather")
+
+
+def _expected_valid_flops(quality: float) -> float:
+    # The synthetic log: events 1 s apart; 4.1e9 FLOPs/sample × 256 samples × 2 epochs.
+    events = _with_mode("fixed_epochs", (0.21, quality))
+    names = [e[1] for e in events]
+    seconds = names.index("run_stop") - names.index("run_start")
+    return 4.1e9 * 256 * 2 / seconds * (quality / 0.35) ** 5
+
+
+def _fixed_epoch_org(root: Path, mode: str = "fixed_epochs") -> Path:
+    folder = root.joinpath(*ENTRY)
+    folder.mkdir(parents=True)
+    for i, quality in enumerate(QUALITIES):
+        events = _with_mode(mode, (0.21, quality))
+        events = [(*e[:2], i + 1, e[3]) if e[1] == "seed" else e for e in events]
+        _write_log(folder / f"result_{i}.txt", events)
+    return root / "Org"
+
+
+def test_check_scores_every_fixed_epoch_run_below_target(tmp_path: Path) -> None:
+    from mlhpc.submission_checker import check_submission
+
+    report = check_submission(_fixed_epoch_org(tmp_path))
+    (entry,) = report.entries
+    assert all(r.compliant and r.loop_mode == "fixed_epochs" for r in entry.runs)
+    assert [r.valid_flops for r in entry.runs] == pytest.approx([_expected_valid_flops(q) for q in QUALITIES])
+    assert entry.score_raw_min is not None  # scored (olympic mean of the times), none dropped
+    assert entry.mean_flops() is not None
+    assert entry.runs[0].to_json()["loop_mode"] == "fixed_epochs"
+
+
+def test_check_still_fails_target_mode_runs_below_target(tmp_path: Path) -> None:
+    from mlhpc.submission_checker import check_submission
+
+    report = check_submission(_fixed_epoch_org(tmp_path, mode="target"))
+    (entry,) = report.entries
+    assert not any(r.compliant for r in entry.runs)
+    assert entry.score_raw_min is None
+
+
+def test_variability_reports_the_valid_flops_of_fixed_epoch_runs(tmp_path: Path) -> None:
+    from mlhpc.variability import analyse, read_runs
+
+    org = _fixed_epoch_org(tmp_path)
+    (runs,) = read_runs(org).values()
+    expected = sorted(_expected_valid_flops(q) for q in QUALITIES)
+    assert sorted(r.valid_flops or 0.0 for r in runs) == pytest.approx(expected)
+    result = analyse("x", runs, 0.05, 0.95)
+    assert result.valid_flops is not None and result.valid_flops.mean == pytest.approx(sum(expected) / 5)
+
+
+def test_report_gives_run_flops_over_run_time_and_the_valid_flops(tmp_path: Path) -> None:
+    from mlhpc.common.timing import PHASES, Breakdown
+    from mlhpc.report import read_breakdowns, report_csv
+
+    _fixed_epoch_org(tmp_path)
+    breakdown = Breakdown(
+        seconds={p: 1.0 for p in PHASES},
+        time_to_train_s=40.0,
+        init_s=2.0,
+        flops_per_sample=4.1e9,
+        achieved_flops_per_s=9e10,
+        train_samples_seen=512,
+    )
+    place = tmp_path / "breakdown" / "Org" / "sysA" / "strong" / "extreme_weather"
+    place.mkdir(parents=True)
+    (place / "result_1.json").write_text(json.dumps({"seed": 2, **breakdown.to_dict()}))
+    (run,) = read_breakdowns(tmp_path)
+    assert run.run_flops_per_s == pytest.approx(4.1e9 * 512 / 40.0)  # not over forward + backward
+    assert run.valid_flops == pytest.approx(_expected_valid_flops(QUALITIES[1]))
+    assert "valid_flops" in report_csv([run]).splitlines()[0]
