@@ -77,7 +77,9 @@ def test_fixed_epoch_run_without_its_flops_fails(tmp_path: Path) -> None:
     target=st.floats(1e-3, 1),
     n=st.floats(0.5, 10),
 )
-def test_penalty_is_flops_times_quality_ratio_to_the_n(flops: float, quality: float, target: float, n: float) -> None:
+def test_penalty_is_flops_times_quality_ratio_to_the_n(
+    flops: float, quality: float, target: float, n: float
+) -> None:
     value = valid_flops_penalty(flops, quality, target, n)
     assert value == pytest.approx(flops * (quality / target) ** n)
     assert value >= 0
