@@ -76,6 +76,46 @@ def test_common_imports_neither_the_benchmarks_nor_the_cli() -> None:
     assert not broken, broken
 
 
+def imports_of_the_cli(folder: Path, package: str) -> list[str]:
+    """Each `file:line imports mlhpc.cli...` under `folder` (a module of the `package` package)."""
+    broken = []
+    for path in sorted(folder.rglob("*.py")):
+        where = ".".join([package, *path.relative_to(folder).parent.parts])
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), where):
+            if module == "mlhpc.cli" or module.startswith("mlhpc.cli."):
+                broken.append(f"{path.relative_to(folder)}:{line} imports {module}")
+    return broken
+
+
+def test_the_commands_never_import_the_cli(tmp_path: Path) -> None:
+    """cli.py imports every command; a command importing back (for Terminated, once) is a cycle that
+    works only while the import order happens to allow it. What both need lives lower down."""
+    assert imports_of_the_cli(REPO / "mlhpc" / "commands", "mlhpc.commands") == []
+    # The rule sees a lazy, relative one and an aliased one.
+    (tmp_path / "bad.py").write_text("def f():\n    from .. import cli\n")
+    (tmp_path / "worse.py").write_text("import mlhpc.cli as c\n")
+    assert len(imports_of_the_cli(tmp_path, "mlhpc.commands")) == 2
+
+
+def test_every_command_module_is_listed_and_has_the_one_pattern() -> None:
+    """Each module in mlhpc/commands/ is a subcommand in cli.COMMANDS with add_parser(sub, command)
+    setting handler=_<name>: one place to look, none forgotten by `mlhpc --help`."""
+    import inspect
+
+    from mlhpc import cli
+
+    folder = REPO / "mlhpc" / "commands"
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert {m.__name__.rsplit(".", 1)[1] for m in cli.COMMANDS} == modules
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for module in cli.COMMANDS:
+        stem = module.__name__.rsplit(".", 1)[1]
+        assert list(inspect.signature(module.add_parser).parameters) == ["sub", "command"], stem
+        handler = sub.choices[stem.replace("_", "-")].get_default("handler")
+        assert handler.__module__ == module.__name__ and handler.__name__ == f"_{stem}", stem
+
+
 _IMPORT_EACH = """
 import importlib, json, pkgutil, sys
 exempt = set(json.loads(sys.argv[2]))

@@ -1,4 +1,7 @@
-"""The `mlhpc` subcommands that have grown their own module (options and handler together)."""
+"""Every `mlhpc` subcommand, one module each in one pattern: `add_parser(sub, command)` adds its
+options (`command` is the one about to run, so heavy options load only for it) and sets its handler,
+`_<name>(args) -> int`, which imports the work lazily. `mlhpc.cli` lists the modules and runs main's
+error handling; nothing here imports it. This module holds what the commands share."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ import difflib
 import re
 from typing import Any, NoReturn
 
-from mlhpc.common.vocabulary import RULESETS as RULESETS  # cli.py's choices for --ruleset
+from mlhpc.common.errors import ConfigError
+from mlhpc.common.vocabulary import RULESETS as RULESETS  # the choices for --ruleset
 
 
 def add_command(
@@ -31,6 +35,13 @@ def size_argument(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def refuse_bad_counts(command: str, counts: dict[str, int | None]) -> None:
+    """Refuse a count below 1 (`--workers 0`) before any work, not deep in a pool."""
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"mlhpc {command} {flag} {value}: it must be at least 1; pass {flag} 1 or more")
 
 
 ALLOW_SIZE_HELP = (

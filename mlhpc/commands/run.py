@@ -250,7 +250,7 @@ def _launch_instances(opts: RunOptions) -> int:
     import subprocess
     from dataclasses import replace
 
-    from mlhpc.cli import Terminated
+    from mlhpc.common.termination import Terminated
     from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
     # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/threads).

@@ -1,6 +1,5 @@
-"""The staging commands' options and handlers: `mlhpc stage SRC DEST`, `mlhpc manifest SRC`,
-`mlhpc verify DEST` and the study, `mlhpc stage-bench`. `mlhpc stage --make-manifest` and
-`--verify` still work and say where they went."""
+"""`mlhpc stage SRC DEST`: copy a dataset to node-local storage, verified. `mlhpc stage
+--make-manifest` and `--verify` still work and say where they went (manifest.py, verify.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +8,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mlhpc.commands import add_command
+from mlhpc.commands import add_command, refuse_bad_counts
+from mlhpc.commands.manifest import write_manifest
+from mlhpc.commands.verify import verify
 from mlhpc.common.errors import ConfigError
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.request import DEFAULT_WORKERS
 
-VERIFY_WORKERS = 8
 
-
-def add_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
-    """Add stage, manifest, verify and stage-bench; stage-bench's options only when it is the
-    command (heavy imports)."""
+def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     stage = add_command(
         sub,
         "stage",
@@ -64,76 +61,6 @@ def add_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
     stage.add_argument("--make-manifest", action="store_true", help="the old spelling of: mlhpc manifest SRC")
     stage.set_defaults(handler=_stage)
 
-    manifest = add_command(
-        sub,
-        "manifest",
-        "write a dataset's manifest: the checksums that staging and verify check against",
-        "mlhpc manifest /lustre/cosmoflow              # writes /lustre/cosmoflow/mlhpc_manifest.json\n"
-        "mlhpc manifest /lustre/cosmoflow.tar.zst      # writes a sidecar beside the archive",
-    )
-    manifest.add_argument("src", type=Path, help="dataset directory (the manifest goes in it) or archive")
-    manifest.add_argument(
-        "--workers", type=int, default=DEFAULT_WORKERS, help=f"files hashed at once ({DEFAULT_WORKERS})"
-    )
-    manifest.set_defaults(handler=_manifest)
-
-    verify = add_command(
-        sub,
-        "verify",
-        "re-hash a staged copy against its manifest (reads only; a mismatch is one line and exit 2)",
-        "mlhpc verify $MLHPC_LOCAL_DIR/cosmoflow",
-    )
-    verify.add_argument("dest", type=Path, help="a folder `mlhpc stage` completed")
-    verify.add_argument(
-        "--workers", type=int, default=VERIFY_WORKERS, help=f"files hashed at once ({VERIFY_WORKERS})"
-    )
-    verify.set_defaults(handler=_verify)
-
-    bench = add_command(
-        sub,
-        "stage-bench",
-        "measure staging throughput against cp, tar and the raw disk (CSV, PNG, markdown)",
-        "mlhpc stage-bench --out runs/stage-bench --total-mib 512 --file-kib 64,1024,65536",
-    )
-    if command in (None, "stage-bench"):
-        from mlhpc.staging.study.bench import add_bench_arguments
-
-        add_bench_arguments(bench)
-    bench.set_defaults(handler=_stage_bench)
-
-
-def _manifest(args: argparse.Namespace) -> int:
-    _refuse_bad_counts("manifest", {"--workers": args.workers})
-    return write_manifest(args.src, args.workers)
-
-
-def _verify(args: argparse.Namespace) -> int:
-    _refuse_bad_counts("verify", {"--workers": args.workers})
-    return verify(args.dest, args.workers)
-
-
-def write_manifest(src: Path, workers: int) -> int:
-    """Write `src`'s manifest: a folder's in it, an archive's beside it (its sidecar)."""
-    from mlhpc.staging import MANIFEST_NAME, build_manifest
-    from mlhpc.staging.archive import archive_kind, build_archive_manifest, sidecar_manifest
-
-    if archive_kind(src) is not None:
-        build_archive_manifest(src).write(written := sidecar_manifest(src))
-    else:
-        build_manifest(src, workers=workers).write(written := src / MANIFEST_NAME)
-    print(f"wrote {written}")
-    return 0
-
-
-def verify(dest: Path, workers: int = VERIFY_WORKERS) -> int:
-    """Re-hash `dest` against its manifest; a mismatch raises, naming the file (no lock needed)."""
-    from mlhpc.staging.verify import verify_report
-
-    count, source = verify_report(dest, workers=workers)
-    print(f"{dest}: {count} files verified")
-    print(source)
-    return 0
-
 
 def _moved(flag: str, new: str, run: Callable[[], int]) -> int:
     """Run an old spelling, then say (one line on stderr) where it went; a failure is still the
@@ -143,17 +70,11 @@ def _moved(flag: str, new: str, run: Callable[[], int]) -> int:
     return code
 
 
-def _refuse_bad_counts(command: str, counts: dict[str, int | None]) -> None:
-    for flag, value in counts.items():
-        if value is not None and value < 1:  # refused before any work, not met deep in a pool
-            raise ConfigError(f"mlhpc {command} {flag} {value}: it must be at least 1; pass {flag} 1 or more")
-
-
 def _stage(args: argparse.Namespace) -> int:
     from mlhpc.staging import StageRequest, make_comm, stage_dataset
 
     counts = {"--workers": args.workers, "--processes": args.processes, "--chunk-mib": args.chunk_mib}
-    _refuse_bad_counts("stage", counts)
+    refuse_bad_counts("stage", counts)
     if args.make_manifest:
         return _moved("--make-manifest", "mlhpc manifest SRC", lambda: write_manifest(args.src, args.workers))
     if args.verify:  # `mlhpc stage --verify DEST` or `mlhpc stage SRC DEST --verify`
@@ -203,9 +124,3 @@ def _stage(args: argparse.Namespace) -> int:
             f"I/O {report.io.label if report.io else '-'}"
         )
     return 0
-
-
-def _stage_bench(args: argparse.Namespace) -> int:
-    from mlhpc.staging.study.bench import run_bench
-
-    return run_bench(args)
