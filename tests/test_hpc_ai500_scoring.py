@@ -48,6 +48,13 @@ def test_fixed_epoch_run_below_target_is_compliant_and_scored_with_the_penalty(t
     assert score.valid_flops == pytest.approx(score.flops * 0.32768)
 
 
+def test_official_checker_passes_a_target_mode_run_that_logs_its_mode(tmp_path: Path) -> None:
+    path = _write_log(tmp_path / "target.txt", _with_mode("target", (0.21, 0.38)))
+    passed = official_compliance(path, rules=RULES_FILE)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert analyse_log(str(path), "3.0.0").compliant
+
+
 def test_target_mode_run_below_target_still_fails(tmp_path: Path) -> None:
     for name, events in (("target", _with_mode("target")), ("none", _good_events(accuracy=BELOW))):
         path = _write_log(tmp_path / f"{name}.txt", events)
