@@ -1,30 +1,40 @@
 """`mlhpc run ... --dry-run`: check a run's config (and its data) and print what it would log up
-to init_stop, building nothing heavy: a site checks a config on a login node before it queues a
-512-node job."""
+to init_stop and what will train (the resolved config, the optimizer's parameter groups with the
+weight decay on the gradient, the LR at the first step of every epoch; `--json FILE` writes the
+same), building nothing heavy: a site checks a config on a login node before it queues a 512-node
+job."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from mlhpc.campaign import CAMPAIGN_FILE, dataset_dir
 from mlhpc.campaign_io import plan_out, resolve_config
+from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.fileio import atomic_write_json
 from mlhpc.common.launch import detect_launch
 from mlhpc.common.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.mllogger import MLLog, constants
+from mlhpc.common.printable import shown
+from mlhpc.common.writable import refuse_output_over_inputs
 from mlhpc.run_options import RunOptions, check_planned
 from mlhpc.runner import campaign_request, plan_line
 from mlhpc.system_desc import stable_system_name
 
 
-def dry_run(opts: RunOptions) -> int:
+def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
     """Resolve and validate everything a run would before training, through the same planner (a
     taken --index, a changed config or a different first seed is refused here as in the run);
     print its MLLOG events up to init_stop (the first run's) and the plan. 0 when the run would
     start; one line naming the fix (ConfigError, DataError, SubmissionError) when it would not.
+    Then what will train (`what_trains`), and with `json_out` the same as JSON there.
     `opts` passed check_options where they were built (commands/run.py)."""
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     bench, cfg = resolved.benchmark, resolved.cfg
@@ -41,6 +51,11 @@ def dry_run(opts: RunOptions) -> int:
     request = campaign_request(opts, resolved, scaling, stable_system_name(ctx))
     plan = plan_out(request)
     check_planned(opts, plan.settings.ruleset)  # the ruleset may be the campaign file's
+    json_where = None
+    if json_out is not None:  # refused before anything is read or printed
+        data = opts.data or dataset_dir(opts.out, bench.name, opts.config)
+        inputs = [data, opts.out / CAMPAIGN_FILE, opts.out / plan.settings.submitter]
+        json_where = refuse_output_over_inputs(json_out, inputs, "--json", suffixes=(".json",))
     if opts.data is not None:
         bench.validate_dataset(cfg, opts.data)
     settings = plan.settings
@@ -69,8 +84,14 @@ def dry_run(opts: RunOptions) -> int:
             f"(batch {loop.local_batch_size(ranks_per_model)} per rank x {loop.gradient_accumulation_steps} "
             f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
             f"{resolve_memory_format(loop, bench, ctx.device)}, staging {opts.staging} run_start; "
-            f"data {opts.data or _generated(opts, bench.name, cfg, plan.data)}. Nothing was built, staged or written."
+            f"data {opts.data or _generated(opts, bench.name, cfg, plan.data)}. Nothing was built, staged or written"
+            + (" (but the --json file)." if json_where else ".")
         )
+        view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
+        print(training_text(view))
+        if json_where is not None:
+            write_json(view, json_where)
+            print(f"wrote {shown(json_where)}")
     return 0
 
 
@@ -101,3 +122,137 @@ def _context(device: str, instances: int) -> DistContext:
         backend="none",
         launcher=launch.launcher,
     )
+
+
+# ---------------------------------------------------------------- what will train
+
+DECAY_FORMS = {
+    "gradient": "g + wd w (L2 on the gradient)",
+    "update": "wd w added to the normalised update (LAMB)",
+    "decoupled": "w -= lr wd w (decoupled)",
+    "unknown": "not known for this optimizer",
+}
+"""How an optimizer applies a group's weight_decay; only `gradient` puts it on the gradient."""
+
+
+def train_steps_per_epoch(cfg: Any, ranks: int) -> int:
+    """Optimizer steps in one epoch as the loop counts them: the config's training samples split
+    over `ranks` (DistributedSampler drop_last), whole micro-batches (the loader's drop_last),
+    then whole accumulation cycles. At least 1, as the schedules take it."""
+    loop = cfg.loop
+    per_rank = int(cfg.data.num_train_samples) // ranks
+    return max(1, per_rank // loop.local_batch_size(ranks) // loop.gradient_accumulation_steps)
+
+
+def decay_form(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> str:
+    """Where `group`'s weight_decay acts (a key of DECAY_FORMS)."""
+    if group.get("decoupled_weight_decay") or group.get("decoupled_decay"):
+        return "decoupled"
+    if isinstance(optimizer, torch.optim.AdamW):
+        return "decoupled"
+    if type(optimizer).__name__.lower() in ("lamb", "fusedlamb"):
+        return "update"
+    coupled = (
+        torch.optim.SGD,
+        torch.optim.Adam,
+        torch.optim.Adagrad,
+        torch.optim.Adamax,
+        torch.optim.RMSprop,
+    )
+    return "gradient" if isinstance(optimizer, coupled) else "unknown"
+
+
+def describe_groups(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[dict[str, Any]]:
+    """Each optimizer parameter group: its name, the names of its parameters (from the model, by
+    identity), the weight decay given and the part of it that acts on the gradient."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = []
+    for i, group in enumerate(optimizer.param_groups):
+        form = decay_form(optimizer, group)
+        decay = float(group.get("weight_decay", 0.0))
+        groups.append(
+            {
+                "name": str(group.get("name", f"group {i}")),
+                "count": len(group["params"]),
+                "names": [names.get(id(p), "?") for p in group["params"]],
+                "weight_decay": decay,
+                "weight_decay_form": form,
+                "weight_decay_on_gradient": decay if form == "gradient" else 0.0,
+            }
+        )
+    return groups
+
+
+def lr_at_steps(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, steps: list[int]
+) -> list[float]:
+    """The first group's LR at each optimizer step in `steps` (ascending; 0 is the first step).
+    A LambdaLR is a pure function of the step: its own lambda is read at each step, so a 128-epoch
+    schedule of 8,192 steps an epoch costs nothing; any other scheduler is stepped through."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        base, schedule = scheduler.base_lrs[0], scheduler.lr_lambdas[0]
+        return [float(base * schedule(step)) for step in steps]
+    found, done = [], 0
+    with warnings.catch_warnings():  # stepped without optimizer.step(): torch warns about the order
+        warnings.simplefilter("ignore")
+        for step in steps:
+            for _ in range(step - done):
+                scheduler.step()
+            done = step
+            found.append(float(optimizer.param_groups[0]["lr"]))
+    return found
+
+
+def what_trains(bench: Any, cfg: Any, ctx: DistContext) -> dict[str, Any]:
+    """The resolved config, the optimizer's parameter groups and the LR at the first step of every
+    epoch up to max_epochs (index 0 is epoch_num 1), from the benchmark's own build_model and
+    build_optimizer: the model is built on the meta device (no memory, no initialisation), so a
+    full-size config costs what a mini does."""
+    steps = train_steps_per_epoch(cfg, ctx.world_size)
+    with torch.device("meta"):
+        model = bench.build_model(cfg)
+    optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, steps)
+    epochs = int(cfg.loop.max_epochs)
+    return {
+        "benchmark": bench.name,
+        "config": to_dict(cfg),
+        "steps_per_epoch": steps,
+        "optimizer": type(optimizer).__name__,
+        "param_groups": describe_groups(optimizer, model),
+        "lr_per_epoch": lr_at_steps(optimizer, scheduler, [e * steps for e in range(epochs)]),
+    }
+
+
+def collapse_runs(values: list[float]) -> list[tuple[int, int, float]]:
+    """(first epoch_num, last epoch_num, value) for each run of equal values, epoch_num from 1."""
+    runs: list[tuple[int, int, float]] = []
+    for epoch, value in enumerate(values, start=1):
+        if runs and runs[-1][2] == value:
+            runs[-1] = (runs[-1][0], epoch, value)
+        else:
+            runs.append((epoch, epoch, value))
+    return runs
+
+
+def training_text(view: dict[str, Any], shown_names: int = 3) -> str:
+    """The short table the dry run prints: each parameter group (count, weight decay on the
+    gradient, the first names) and the LR by epoch, runs of equal values as one line."""
+    lines = [f"optimizer {view['optimizer']}, {view['steps_per_epoch']} steps an epoch; parameter groups:"]
+    for group in view["param_groups"]:
+        names = ", ".join(shown(n) for n in group["names"][:shown_names])
+        more = group["count"] - shown_names
+        names += f", ... {more} more" if more > 0 else ""
+        decay = f"WD on gradient {group['weight_decay_on_gradient']:g}"
+        if group["weight_decay_form"] != "gradient" and group["weight_decay"]:
+            decay += f" ({group['weight_decay']:g} as {DECAY_FORMS[group['weight_decay_form']]})"
+        lines.append(f"  {shown(group['name'])}: {group['count']} parameters, {decay}: {names or '-'}")
+    lines.append("learning rate at the first step of each epoch (epoch_num as MLLOG counts):")
+    for first, last, value in collapse_runs(view["lr_per_epoch"]):
+        epochs = f"{first}" if first == last else f"{first}-{last}"
+        lines.append(f"  epoch {epochs:>9}  {value:.6g}")
+    return "\n".join(lines)
+
+
+def write_json(view: dict[str, Any], where: Path) -> None:
+    """The view as JSON, written atomically to the path refuse_output_over_inputs returned."""
+    atomic_write_json(where, view)

@@ -191,6 +191,21 @@ OUTPUTS: dict[tuple[str, str], Case] = {
         _data_targets,
         "--local-dir",
     ),
+    ("run", "--json"): Case(
+        lambda i, t: [
+            "run",
+            "cosmoflow",
+            "--data",
+            str(i.data),
+            "--out",
+            str(i.root / "o"),
+            "--dry-run",
+            "--json",
+            t,
+        ],
+        _data_targets,
+        "--json",
+    ),
     ("check", "--json"): Case(
         lambda i, t: ["check", str(i.sub), "--json", t], _file_targets(".json"), "--json"
     ),

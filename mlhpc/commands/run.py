@@ -122,6 +122,13 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         "the result files; the terminal shows one line per epoch)",
     )
     run.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --dry-run: write what will train (config, param_groups, lr_per_epoch) as JSON",
+    )
+    run.add_argument(
         "overrides",
         nargs="*",
         default=[],  # without a default argparse lists key=value among the required arguments
@@ -148,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
     check_numbers(seeds=opts.seeds, first_seed=opts.first_seed, index=opts.index)
     check_numbers(seeds=opts.instances, first_seed=opts.first_seed, index=None, flag="--instances")
     refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
+    _check_json_flag(args)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
         refuse_output_over_inputs(
@@ -162,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:  # check the config (and --data), print the init events, build nothing
         from mlhpc.dry_run import dry_run
 
-        return dry_run(opts)
+        return dry_run(opts, args.json)
     # Up front, on every rank: a read-only --out or a MLHPC_LOCAL_DIR that is a file is one line now,
     # not a traceback after the first seed has trained.
     check_writable_dir(opts.out, "--out")
@@ -195,6 +203,17 @@ def _run(args: argparse.Namespace) -> int:
         if debug_file is not None and debug_file.exists():  # made only when something was logged
             print(f"debug log (warnings, details): {debug_file}")
     return campaign.check_status or 0
+
+
+def _check_json_flag(args: argparse.Namespace) -> None:
+    """--json writes a dry run's view of what will train; anywhere else it would be ignored."""
+    from mlhpc.common.errors import ConfigError
+
+    if args.json is not None and (not getattr(args, "dry_run", False) or getattr(args, "slurm", False)):
+        raise ConfigError(
+            f"--json {args.json} writes what a dry run here will train; add --dry-run (without --slurm) "
+            "or drop --json"
+        )
 
 
 def generated_size(opts: RunOptions) -> tuple[Path, SizeCheck] | None:
