@@ -77,21 +77,23 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
     log.end(constants.INIT_STOP)
     if ctx.is_main:
         loop = cfg.loop
+        data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)  # may refuse: before the write
+        # What will train first, the summary last (a site's script reads the last line).
+        view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
+        print(training_text(view))
+        if json_where is not None:
+            write_json(view, json_where)
+            print(f"wrote {shown(json_where)}")
         runs = f"{opts.instances} instances at once" if opts.instances > 1 else f"{len(plan.to_run)} run(s)"
+        written = " but the --json file" if json_where else ""
         print(plan_line(plan, opts, plan.data))
         print(
             f"dry run: {bench.name} --config {opts.config}, {runs} on {ranks_per_model} rank(s) each "
             f"(batch {loop.local_batch_size(ranks_per_model)} per rank x {loop.gradient_accumulation_steps} "
             f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
             f"{resolve_memory_format(loop, bench, ctx.device)}, staging {opts.staging} run_start; "
-            f"data {opts.data or _generated(opts, bench.name, cfg, plan.data)}. Nothing was built, staged or written"
-            + (" (but the --json file)." if json_where else ".")
+            f"data {data_text}. Nothing was trained, staged or written{written}."
         )
-        view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
-        print(training_text(view))
-        if json_where is not None:
-            write_json(view, json_where)
-            print(f"wrote {shown(json_where)}")
     return 0
 
 
@@ -135,12 +137,16 @@ DECAY_FORMS = {
 """How an optimizer applies a group's weight_decay; only `gradient` puts it on the gradient."""
 
 
-def train_steps_per_epoch(cfg: Any, ranks: int) -> int:
+def train_steps_per_epoch(cfg: Any, ranks: int) -> int | None:
     """Optimizer steps in one epoch as the loop counts them: the config's training samples split
     over `ranks` (DistributedSampler drop_last), whole micro-batches (the loader's drop_last),
-    then whole accumulation cycles. At least 1, as the schedules take it."""
+    then whole accumulation cycles; at least 1, as the schedules take it. None for a config
+    without data.num_train_samples (a benchmark whose epoch is what its data holds)."""
     loop = cfg.loop
-    per_rank = int(cfg.data.num_train_samples) // ranks
+    samples = getattr(getattr(cfg, "data", None), "num_train_samples", None)
+    if not isinstance(samples, int) or isinstance(samples, bool):
+        return None
+    per_rank = samples // ranks
     return max(1, per_rank // loop.local_batch_size(ranks) // loop.gradient_accumulation_steps)
 
 
@@ -209,18 +215,28 @@ def what_trains(bench: Any, cfg: Any, ctx: DistContext) -> dict[str, Any]:
     build_optimizer: the model is built on the meta device (no memory, no initialisation), so a
     full-size config costs what a mini does."""
     steps = train_steps_per_epoch(cfg, ctx.world_size)
-    with torch.device("meta"):
-        model = bench.build_model(cfg)
-    optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, steps)
+    model = _model_without_memory(bench, cfg)
+    optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, steps or 1)
     epochs = int(cfg.loop.max_epochs)
+    lrs = None if steps is None else lr_at_steps(optimizer, scheduler, [e * steps for e in range(epochs)])
     return {
         "benchmark": bench.name,
         "config": to_dict(cfg),
         "steps_per_epoch": steps,
         "optimizer": type(optimizer).__name__,
         "param_groups": describe_groups(optimizer, model),
-        "lr_per_epoch": lr_at_steps(optimizer, scheduler, [e * steps for e in range(epochs)]),
+        "lr_per_epoch": lrs,
     }
+
+
+def _model_without_memory(bench: Any, cfg: Any) -> torch.nn.Module:
+    """The benchmark's model on the meta device; on the CPU where its construction needs real
+    tensors (a third-party model reading values while it builds)."""
+    try:
+        with torch.device("meta"):
+            return bench.build_model(cfg)
+    except (NotImplementedError, RuntimeError):
+        return bench.build_model(cfg)
 
 
 def collapse_runs(values: list[float]) -> list[tuple[int, int, float]]:
@@ -237,7 +253,9 @@ def collapse_runs(values: list[float]) -> list[tuple[int, int, float]]:
 def training_text(view: dict[str, Any], shown_names: int = 3) -> str:
     """The short table the dry run prints: each parameter group (count, weight decay on the
     gradient, the first names) and the LR by epoch, runs of equal values as one line."""
-    lines = [f"optimizer {view['optimizer']}, {view['steps_per_epoch']} steps an epoch; parameter groups:"]
+    steps = view["steps_per_epoch"]
+    per_epoch = f", {steps} steps an epoch" if steps else ""
+    lines = [f"optimizer {view['optimizer']}{per_epoch}; parameter groups:"]
     for group in view["param_groups"]:
         names = ", ".join(shown(n) for n in group["names"][:shown_names])
         more = group["count"] - shown_names
@@ -246,6 +264,9 @@ def training_text(view: dict[str, Any], shown_names: int = 3) -> str:
         if group["weight_decay_form"] != "gradient" and group["weight_decay"]:
             decay += f" ({group['weight_decay']:g} as {DECAY_FORMS[group['weight_decay_form']]})"
         lines.append(f"  {shown(group['name'])}: {group['count']} parameters, {decay}: {names or '-'}")
+    if view["lr_per_epoch"] is None:
+        lines.append("learning rate per epoch: unknown (the config has no data.num_train_samples)")
+        return "\n".join(lines)
     lines.append("learning rate at the first step of each epoch (epoch_num as MLLOG counts):")
     for first, last, value in collapse_runs(view["lr_per_epoch"]):
         epochs = f"{first}" if first == last else f"{first}-{last}"

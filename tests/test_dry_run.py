@@ -48,7 +48,7 @@ def test_dry_run_prints_the_rcp_hyperparameters_and_writes_nothing(tmp_path: Pat
     keys = list(logged)
     assert keys.index("init_start") < keys.index("seed") < keys.index("init_stop")
     assert "run_start" not in logged
-    assert "Nothing was built" in proc.stdout
+    assert "Nothing was trained, staged or written" in proc.stdout
     assert not out.exists() and not (tmp_path / "local").exists()
 
 
@@ -359,3 +359,16 @@ def test_dry_run_json_refuses_to_write_over_an_input(
     assert code == 2 and err.count("\n") == 1 and err.startswith("mlhpc: error: --json "), err
     assert message in err
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_benchmark_without_a_sample_count_still_shows_its_groups() -> None:
+    """A third-party config without data.num_train_samples: the groups, and the LR left unknown
+    (said so) rather than guessed from a made-up epoch."""
+    from mlhpc.dry_run import training_text, what_trains
+    from tests.toy_benchmark import TOY, make_config
+
+    view = what_trains(TOY, make_config(hidden=4), cpu_context())
+    assert view["steps_per_epoch"] is None and view["lr_per_epoch"] is None
+    names = [name for group in view["param_groups"] for name in group["names"]]
+    assert names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert "learning rate per epoch: unknown" in training_text(view)

@@ -208,10 +208,11 @@ def _run(args: argparse.Namespace) -> int:
 def _check_json_flag(args: argparse.Namespace) -> None:
     """--json writes a dry run's view of what will train; anywhere else it would be ignored."""
     from mlhpc.common.errors import ConfigError
+    from mlhpc.common.printable import shown
 
     if args.json is not None and (not getattr(args, "dry_run", False) or getattr(args, "slurm", False)):
         raise ConfigError(
-            f"--json {args.json} writes what a dry run here will train; add --dry-run (without --slurm) "
+            f"--json {shown(args.json)} writes what a dry run here will train; add --dry-run (without --slurm) "
             "or drop --json"
         )
 
