@@ -87,6 +87,12 @@ def _valued(flag: str) -> Callable[[Any], list[str]]:
     return lambda value: [] if value is None else [f"{flag}={value}"]
 
 
+def _path_valued(flag: str) -> Callable[[Any], list[str]]:
+    """`--flag=PATH`; a relative path that is exactly `--` goes as `./--` (the same path), since
+    argparse reads `--flag=--` as no value at all."""
+    return lambda value: [] if value is None else [f"{flag}={'./--' if str(value) == '--' else value}"]
+
+
 def _switch(flag: str, when: bool = True) -> Callable[[Any], list[str]]:
     return lambda value: [flag] if bool(value) == when else []
 
@@ -103,16 +109,16 @@ _ARGV: dict[str, Callable[[Any], list[str]]] = {
     "config": _valued("--config"),
     "seeds": _valued("--seeds"),
     "first_seed": _valued("--first-seed"),
-    "out": _valued("--out"),
-    "data": _valued("--data"),
-    "local_dir": _valued("--local-dir"),
+    "out": _path_valued("--out"),
+    "data": _path_valued("--data"),
+    "local_dir": _path_valued("--local-dir"),
     "allow_size": _valued("--allow-size"),
     "submitter": _valued("--submitter"),
     "system": _valued("--system"),
     "division": _valued("--division"),
     "status": _valued("--status"),
     "ruleset": _valued("--ruleset"),
-    "campaign": _valued("--campaign"),
+    "campaign": _path_valued("--campaign"),
     "staging": _valued("--staging"),
     "staging_io": _valued("--io"),
     "durable": _switch("--durable"),

@@ -1,6 +1,6 @@
 """Epochs to target of a benchmark's mini config over many seeds: does the mini measure convergence?
 
-    python perf/mini_convergence.py BENCHMARK [--seeds 1-10] [--config mini] [key=value ...]
+    python perf/mini_convergence.py BENCHMARK [--seeds 1-10|3,17|random:20] [--config mini] [key=value ...]
 
 Generates the config's synthetic dataset once (in --work, reused when it is there), then trains
 one run per seed through the shared loop in this process (no staging: the data is read where it
@@ -12,6 +12,7 @@ seed reaches the target in 3 to 10 epochs, with a coefficient of variation under
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -28,6 +29,11 @@ from tests.toy_benchmark import run_toy  # noqa: E402
 
 
 def seed_range(text: str) -> list[int]:
+    """`1-10`, `4`, `3,17,22`, or `random:20` (20 seeds drawn now, printed so a run can be repeated)."""
+    if text.startswith("random:"):
+        return sorted(random.sample(range(1, 2**31), int(text.split(":", 1)[1])))
+    if "," in text:
+        return [int(part) for part in text.split(",")]
     first, _, last = text.partition("-")
     return list(range(int(first), int(last or first) + 1))
 
@@ -37,7 +43,7 @@ def main() -> None:
     parser.add_argument("benchmark")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. loop.max_epochs=12")
     parser.add_argument("--config", default="mini")
-    parser.add_argument("--seeds", default="1-10", help="a range, e.g. 1-10 or 4")
+    parser.add_argument("--seeds", default="1-10", help="a range (1-10), one seed, a list (3,17,22) or random:N")
     parser.add_argument("--work", type=Path, default=Path("/tmp/mlhpc_mini_convergence"))
     args = parser.parse_intermixed_args()
 
@@ -53,7 +59,9 @@ def main() -> None:
         print(f"generated {data_dir} in {time.perf_counter() - started:.0f} s", flush=True)
     ctx = init_distributed("auto", "cpu")
     epochs: list[int] = []
-    for seed in seed_range(args.seeds):
+    seeds = seed_range(args.seeds)
+    print(f"seeds: {','.join(map(str, seeds))}", flush=True)
+    for seed in seeds:
         started = time.perf_counter()
         result = run_toy(cfg, ctx, None, seed=seed, bench=bench, data_dir=data_dir)
         reached = result.status == "success"
@@ -68,7 +76,7 @@ def main() -> None:
     if epochs:
         mean = statistics.mean(epochs)
         cv = statistics.pstdev(epochs) / mean
-        print(f"reached: {len(epochs)} of {len(seed_range(args.seeds))} seeds, range {min(epochs)}-{max(epochs)}")
+        print(f"reached: {len(epochs)} of {len(seeds)} seeds, range {min(epochs)}-{max(epochs)}")
         print(f"epochs to target: mean {mean:.1f}, cv {cv:.0%}")
     else:
         print("epochs to target: no seed reached the target")

@@ -31,7 +31,8 @@ def parse(argv: list[str]) -> RunOptions:
 _text = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=12
 )
-_path = st.builds(Path, _text)
+_path = st.builds(Path, _text | st.just("--"))
+_name = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,20}", fullmatch=True)
 _key = st.from_regex(r"[a-z][a-z_.]{0,10}", fullmatch=True)
 _override = st.builds(
     lambda k, v: f"{k}={v}", _key, st.text(st.characters(blacklist_characters="\x00"), max_size=8)
@@ -49,8 +50,9 @@ _FIELDS = {
     "data": _optional(_path),
     "local_dir": _optional(_path),
     "allow_size": _optional(st.integers(0, 2**50)),
-    "submitter": _optional(_text),
-    "system": _optional(_text),
+    # Names the planner accepts (campaign._NAME): a name like `--` is refused before any to_argv.
+    "submitter": _optional(_name),
+    "system": _optional(_name),
     "division": _optional(st.sampled_from(vocabulary.DIVISIONS)),
     "status": _optional(st.sampled_from(vocabulary.STATUSES)),
     "ruleset": _optional(st.sampled_from(vocabulary.RULESETS)),
