@@ -6,6 +6,8 @@ job."""
 
 from __future__ import annotations
 
+import json
+import math
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +20,7 @@ from mlhpc.campaign_io import plan_out, resolve_config
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.fileio import atomic_write_json
+from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.launch import detect_launch
 from mlhpc.common.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.mllogger import MLLog, constants
@@ -219,6 +221,12 @@ def what_trains(bench: Any, cfg: Any, ctx: DistContext) -> dict[str, Any]:
     optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, steps or 1)
     epochs = int(cfg.loop.max_epochs)
     lrs = None if steps is None else lr_at_steps(optimizer, scheduler, [e * steps for e in range(epochs)])
+    for epoch, lr in enumerate(lrs or [], start=1):
+        if not math.isfinite(lr) or lr < 0:
+            raise ConfigError(
+                f"the learning rate at epoch_num {epoch} would be {lr} ({bench.name}'s schedule); "
+                "check the optimizer section of the config"
+            )
     return {
         "benchmark": bench.name,
         "config": to_dict(cfg),
@@ -275,5 +283,6 @@ def training_text(view: dict[str, Any], shown_names: int = 3) -> str:
 
 
 def write_json(view: dict[str, Any], where: Path) -> None:
-    """The view as JSON, written atomically to the path refuse_output_over_inputs returned."""
-    atomic_write_json(where, view)
+    """The view as JSON, written atomically to the path refuse_output_over_inputs returned (a
+    third-party config's value JSON lacks, a path say, as its text)."""
+    atomic_write_text(where, json.dumps(view, indent=2, default=str, allow_nan=False) + "\n")

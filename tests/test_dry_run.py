@@ -372,3 +372,24 @@ def test_a_benchmark_without_a_sample_count_still_shows_its_groups() -> None:
     names = [name for group in view["param_groups"] for name in group["names"]]
     assert names == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert "learning rate per epoch: unknown" in training_text(view)
+
+
+def test_a_schedule_that_goes_non_finite_is_refused_naming_the_epoch() -> None:
+    """A dry run says a run would fail: an LR of nan at epoch_num 3 is one ConfigError naming it."""
+    import dataclasses
+
+    import torch
+
+    from mlhpc.campaign_io import resolve_config
+    from mlhpc.common.errors import ConfigError
+    from mlhpc.dry_run import what_trains
+
+    def build_optimizer(cfg: Any, model: Any, ctx: Any, steps: int) -> Any:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        lr = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: math.nan if step >= 2 * steps else 1.0)
+        return optimizer, lr
+
+    resolved = resolve_config("cosmoflow", "mini", [])
+    bench = dataclasses.replace(resolved.benchmark, build_optimizer=build_optimizer)
+    with pytest.raises(ConfigError, match=r"^the learning rate at epoch_num 3 would be nan"):
+        what_trains(bench, resolved.cfg, cpu_context())
