@@ -258,12 +258,26 @@ def collapse_runs(values: list[float]) -> list[tuple[int, int, float]]:
     return runs
 
 
+def config_lines(config: dict[str, Any]) -> list[str]:
+    """One line per section of the resolved config: `  section: key=value, ...` (values escaped:
+    a config path's YAML is from outside)."""
+    lines = []
+    for section, values in config.items():
+        if isinstance(values, dict):
+            text = ", ".join(f"{key}={shown(str(value))}" for key, value in values.items())
+        else:
+            text = shown(str(values))
+        lines.append(f"  {shown(str(section))}: {text}")
+    return lines
+
+
 def training_text(view: dict[str, Any], shown_names: int = 3) -> str:
     """The short table the dry run prints: each parameter group (count, weight decay on the
     gradient, the first names) and the LR by epoch, runs of equal values as one line."""
     steps = view["steps_per_epoch"]
     per_epoch = f", {steps} steps an epoch" if steps else ""
-    lines = [f"optimizer {view['optimizer']}{per_epoch}; parameter groups:"]
+    lines = ["resolved config:", *config_lines(view["config"])]
+    lines.append(f"optimizer {view['optimizer']}{per_epoch}; parameter groups:")
     for group in view["param_groups"]:
         names = ", ".join(shown(n) for n in group["names"][:shown_names])
         more = group["count"] - shown_names

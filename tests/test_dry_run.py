@@ -235,6 +235,7 @@ def test_dry_run_json_of_cosmoflow_rcp_128_is_the_reference_schedule(tmp_path: P
     # The printed table says the same, runs of equal LRs collapsed into one line.
     assert "epoch         1  0.001\n" in proc.stdout and "epoch      5-17  0.004\n" in proc.stdout
     assert "2 parameters, WD on gradient 0: dense.0.weight, dense.1.weight" in proc.stdout
+    assert "  loop: global_batch_size=128, " in proc.stdout and "momentum_form=lr_in_velocity" in proc.stdout
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["data", "what.json"]
 
 
