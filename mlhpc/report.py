@@ -125,7 +125,7 @@ def _result_log(breakdown_path: Path) -> Path | None:
 def _fixed_epoch_valid_flops(breakdown_path: Path) -> float | None:
     """Valid FLOPS of a fixed-epoch run from its result log; None for any other run or no log."""
     from mlhpc.submission_checker.logparse import parse_log
-    from mlhpc.submission_checker.scoring import fixed_epoch_score
+    from mlhpc.submission_checker.scoring import log_fixed_epoch_score
 
     log_path = _result_log(breakdown_path)
     if log_path is None or not log_path.is_file():
@@ -135,12 +135,7 @@ def _fixed_epoch_valid_flops(breakdown_path: Path) -> float | None:
     except OSError as e:  # unreadable or refused: the breakdown still reports, without the score
         _log.warning("no Valid FLOPS for %s: %s", shown(str(log_path)), e)
         return None
-    if log.loop_mode != "fixed_epochs" or not log.has_start_stop:
-        return None
-    minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
-    score = fixed_epoch_score(
-        log.benchmark, log.evals, log.flops_per_sample, log.train_samples, log.vflops_exponent, minutes
-    )
+    score = log_fixed_epoch_score(log)
     return None if score is None else score.valid_flops
 
 

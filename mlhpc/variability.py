@@ -205,14 +205,9 @@ def _read_point(path: Path) -> RunPoint | None:
 
 def _valid_flops(log: RunLog) -> float | None:
     """A fixed-epoch run's Valid FLOPS (scored with the penalty, not dropped below the target)."""
-    from mlhpc.submission_checker.scoring import fixed_epoch_score
+    from mlhpc.submission_checker.scoring import log_fixed_epoch_score
 
-    if log.loop_mode != "fixed_epochs" or not log.has_start_stop:
-        return None
-    minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
-    score = fixed_epoch_score(
-        log.benchmark, log.evals, log.flops_per_sample, log.train_samples, log.vflops_exponent, minutes
-    )
+    score = log_fixed_epoch_score(log)
     return None if score is None else score.valid_flops
 
 

@@ -42,7 +42,7 @@ from .run_checks import (
     check_weak_score,
     run_timing,
 )
-from .scoring import apply_scaling_factor, fixed_epoch_score, olympic_drops, strong_score, weak_score
+from .scoring import apply_scaling_factor, log_fixed_epoch_score, olympic_drops, strong_score, weak_score
 
 SystemKey = tuple[Path, str]
 
@@ -73,9 +73,7 @@ def _flops_facts(log: RunLog | None, minutes: float | None) -> dict[str, Any]:
     if log is None:
         return {}
     if log.loop_mode == "fixed_epochs":
-        score = fixed_epoch_score(
-            log.benchmark, log.evals, log.flops_per_sample, log.train_samples, log.vflops_exponent, minutes
-        )
+        score = log_fixed_epoch_score(log, minutes)
         return {
             "achieved_flops_per_s": None if score is None else score.flops,
             "valid_flops": None if score is None else score.valid_flops,

@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .logparse import RunLog
 
 # Runs olympic scoring may drop for an HPC benchmark (the summarizer allows 4 for unet3d only).
 MAX_DROPPED_RUNS = 1
@@ -176,6 +180,18 @@ class FixedEpochScore:
     """The last evaluation's value (the quality the run reached)."""
     flops: float
     valid_flops: float
+
+
+def log_fixed_epoch_score(log: RunLog, minutes: float | None = None) -> FixedEpochScore | None:
+    """`fixed_epoch_score` of a parsed fixed-epoch log (None for a target-mode run); `minutes`
+    defaults to the log's run_start..run_stop."""
+    if log.loop_mode != "fixed_epochs":
+        return None
+    if minutes is None and log.has_start_stop:
+        minutes = (log.run_stop_ms - log.run_start_ms) / 60_000  # type: ignore[operator]
+    return fixed_epoch_score(
+        log.benchmark, log.evals, log.flops_per_sample, log.train_samples, log.vflops_exponent, minutes
+    )
 
 
 def fixed_epoch_score(
