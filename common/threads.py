@@ -164,15 +164,23 @@ def usable(budget: CpuBudget) -> int:
     return max(1, min(budget.cpus, math.floor(budget.idle + 0.25)))
 
 
-def choose_threads(budget: CpuBudget, ranks_on_node: int, environ: Mapping[str, str]) -> ThreadChoice:
-    """The threads for one rank (pure). OMP_NUM_THREADS wins, then MLHPC_THREADS; otherwise the
-    budget's CPUs, shared by the node's ranks unless the launcher bound each rank already."""
+def explicit_choice(environ: Mapping[str, str]) -> ThreadChoice | None:
+    """What the user set (OMP_NUM_THREADS wins, then MLHPC_THREADS), or None (pure)."""
     for name in ("OMP_NUM_THREADS", "MLHPC_THREADS"):
         value = environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
             return ThreadChoice(int(value), 1, f"{name}={value}")
     if environ.get("MLHPC_THREADS", "").strip() == "torch":
         return ThreadChoice(0, 0, "MLHPC_THREADS=torch: torch's defaults")
+    return None
+
+
+def choose_threads(budget: CpuBudget, ranks_on_node: int, environ: Mapping[str, str]) -> ThreadChoice:
+    """The threads for one rank (pure): what the user set, else the budget's CPUs, shared by the
+    node's ranks unless the launcher bound each rank already."""
+    explicit = explicit_choice(environ)
+    if explicit is not None:
+        return explicit
     ranks = max(1, ranks_on_node)
     if budget.bound or ranks == 1:
         intra, shared = usable(budget), ""
@@ -195,5 +203,8 @@ def apply(choice: ThreadChoice) -> ThreadChoice:
 
 
 def configure_threads(ranks_on_node: int, environ: Mapping[str, str] | None = None) -> ThreadChoice:
-    """Choose and apply this rank's threads."""
-    return apply(choose_threads(cpu_budget(), ranks_on_node, os.environ if environ is None else environ))
+    """Choose and apply this rank's threads; the 0.3 s look at the CPUs only when the user set
+    nothing."""
+    environ = os.environ if environ is None else environ
+    explicit = explicit_choice(environ)
+    return apply(explicit or choose_threads(cpu_budget(), ranks_on_node, environ))
