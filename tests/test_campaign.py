@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mlhpc.campaign.resume import finished_runs
 from mlhpc.common.timing import PHASES
-from mlhpc.resume import finished_runs
 from mlhpc.submission_checker.check import check_submission
 from mlhpc.submission_checker.compliance import analyse_logs
 from mlhpc.submission_checker.scoring import RunTiming, weak_score

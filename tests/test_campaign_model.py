@@ -1,4 +1,4 @@
-"""The campaign model (mlhpc/campaign.py): one plan for every route, the one resume rule, the
+"""The campaign model (mlhpc/campaign/plan.py): one plan for every route, the one resume rule, the
 campaign file and the settings it fixes for an --out."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.campaign import (
+from mlhpc.campaign.io import given_settings, read_campaign_file
+from mlhpc.campaign.plan import (
     CAMPAIGN_FILE,
     CampaignFile,
     CampaignRequest,
@@ -20,7 +21,6 @@ from mlhpc.campaign import (
     config_identity,
     plan_campaign,
 )
-from mlhpc.campaign_io import given_settings, read_campaign_file
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
 
 OUT = Path("/runs/out")
@@ -223,7 +223,7 @@ def test_default_system_name_is_the_hardware_not_the_host(monkeypatch: pytest.Mo
 
 def test_results_under_another_system_are_not_mixed_with_a_new_one(tmp_path: Path) -> None:
     """An --out from before the campaign file, filed under a host-named system: refused, not mixed."""
-    from mlhpc.campaign_io import scan_out
+    from mlhpc.campaign.io import scan_out
 
     (tmp_path / "org/results/b51eb5ad80fa_cpu_n1/strong/cosmoflow").mkdir(parents=True)
     req = request(out=tmp_path, settings={"submitter": "org"}, default_system="amd_epyc_cpu_n1")

@@ -18,7 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.campaign import (
+from mlhpc.campaign.io import check_data_path, given_settings, read_campaign_file
+from mlhpc.campaign.plan import (
     CAMPAIGN_FILE,
     MAX_RUNS,
     MAX_SEED,
@@ -30,7 +31,6 @@ from mlhpc.campaign import (
     check_numbers,
     plan_campaign,
 )
-from mlhpc.campaign_io import check_data_path, given_settings, read_campaign_file
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
 from tests.conftest import cli_env, mlhpc_cli
 
@@ -345,7 +345,7 @@ def test_data_an_archive_or_holding_out_is_refused_before_it_is_recorded(tmp_pat
 _AT_THE_BARRIER = """
 import os, sys, time
 from mlhpc.cli import main
-import mlhpc.runner  # the heavy imports happen before the race
+import mlhpc.campaign.local  # the heavy imports happen before the race
 barrier = sys.argv[1]
 while not os.path.exists(barrier):
     time.sleep(0.001)

@@ -95,7 +95,7 @@ def test_dry_run_shows_the_weak_scaling_plan_of_instances(tmp_path: Path) -> Non
 
 
 def config_id(*overrides: str) -> str:
-    from mlhpc.campaign_io import resolve_config
+    from mlhpc.campaign.io import resolve_config
 
     return resolve_config("cosmoflow", "mini", overrides).config_id
 
@@ -191,7 +191,7 @@ def trainable_names(benchmark: str, config: str) -> list[str]:
     """The trainable parameters of the benchmark's real model (on the meta device)."""
     import torch
 
-    from mlhpc.campaign_io import resolve_config
+    from mlhpc.campaign.io import resolve_config
 
     resolved = resolve_config(benchmark, config, [])
     with torch.device("meta"):
@@ -259,8 +259,8 @@ def test_dry_run_json_of_a_mini_has_an_lr_for_every_epoch(tmp_path: Path, benchm
 @pytest.mark.parametrize("batch", [32, 64, 128, 512, 1024])
 def test_what_trains_matches_the_cosmoflow_schedule_of_every_rcp(batch: int) -> None:
     from mlhpc.benchmarks.cosmoflow import train
-    from mlhpc.campaign_io import resolve_config
-    from mlhpc.dry_run import what_trains
+    from mlhpc.campaign.dry_run import what_trains
+    from mlhpc.campaign.io import resolve_config
     from tests.test_rcp_configs import REFERENCE_GRADIENT_WEIGHT_DECAY, REFERENCE_LR
 
     resolved = resolve_config("cosmoflow", f"rcp_{batch}", [])
@@ -275,8 +275,8 @@ def test_the_lr_read_from_the_lambda_is_the_lr_of_the_stepped_scheduler(benchmar
     """The shortcut for LambdaLR equals stepping the real scheduler after real optimizer steps."""
     import torch
 
-    from mlhpc.campaign_io import resolve_config
-    from mlhpc.dry_run import lr_at_steps, train_steps_per_epoch
+    from mlhpc.campaign.dry_run import lr_at_steps, train_steps_per_epoch
+    from mlhpc.campaign.io import resolve_config
 
     resolved = resolve_config(benchmark, "mini", [])
     bench, cfg = resolved.benchmark, resolved.cfg
@@ -303,8 +303,8 @@ def test_the_lr_read_from_the_lambda_is_the_lr_of_the_stepped_scheduler(benchmar
 def test_full_configs_are_described_on_the_meta_device_in_seconds() -> None:
     import time
 
-    from mlhpc.campaign_io import resolve_config
-    from mlhpc.dry_run import training_text, what_trains
+    from mlhpc.campaign.dry_run import training_text, what_trains
+    from mlhpc.campaign.io import resolve_config
 
     for benchmark in ("cosmoflow", "deepcam", "extreme_weather"):
         started = time.perf_counter()
@@ -320,7 +320,7 @@ def test_full_configs_are_described_on_the_meta_device_in_seconds() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from([0.0, 0.001, 0.004, 1e-300, 2.5]), max_size=40))
 def test_collapsed_runs_give_back_the_list(values: list[float]) -> None:
-    from mlhpc.dry_run import collapse_runs
+    from mlhpc.campaign.dry_run import collapse_runs
 
     runs = collapse_runs(values)
     assert [v for first, last, v in runs for _ in range(first, last + 1)] == values
@@ -365,7 +365,7 @@ def test_dry_run_json_refuses_to_write_over_an_input(
 def test_a_benchmark_without_a_sample_count_still_shows_its_groups() -> None:
     """A third-party config without data.num_train_samples: the groups, and the LR left unknown
     (said so) rather than guessed from a made-up epoch."""
-    from mlhpc.dry_run import training_text, what_trains
+    from mlhpc.campaign.dry_run import training_text, what_trains
     from tests.toy_benchmark import TOY, make_config
 
     view = what_trains(TOY, make_config(hidden=4), cpu_context())
@@ -381,9 +381,9 @@ def test_a_schedule_that_goes_non_finite_is_refused_naming_the_epoch() -> None:
 
     import torch
 
-    from mlhpc.campaign_io import resolve_config
+    from mlhpc.campaign.dry_run import what_trains
+    from mlhpc.campaign.io import resolve_config
     from mlhpc.common.errors import ConfigError
-    from mlhpc.dry_run import what_trains
 
     def build_optimizer(cfg: Any, model: Any, ctx: Any, steps: int) -> Any:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -152,7 +152,7 @@ def test_check_still_fails_target_mode_runs_below_target(tmp_path: Path) -> None
 
 
 def test_variability_reports_the_valid_flops_of_fixed_epoch_runs(tmp_path: Path) -> None:
-    from mlhpc.variability import analyse, read_runs
+    from mlhpc.results.variability import analyse, read_runs
 
     org = _fixed_epoch_org(tmp_path)
     (runs,) = read_runs(org).values()
@@ -164,7 +164,7 @@ def test_variability_reports_the_valid_flops_of_fixed_epoch_runs(tmp_path: Path)
 
 def test_report_gives_run_flops_over_run_time_and_the_valid_flops(tmp_path: Path) -> None:
     from mlhpc.common.timing import PHASES, Breakdown
-    from mlhpc.report import read_breakdowns, report_csv
+    from mlhpc.results.report import read_breakdowns, report_csv
 
     _fixed_epoch_org(tmp_path)
     breakdown = Breakdown(

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlhpc.campaign.resume import finished_runs
 from mlhpc.common import safe_read
 from mlhpc.common.errors import MlhpcError, SubmissionError
 from mlhpc.common.mllogger import MLLog
-from mlhpc.report import read_breakdowns, report_command
-from mlhpc.resume import finished_runs
-from mlhpc.variability import read_runs, variability_command
+from mlhpc.results.report import read_breakdowns, report_command
+from mlhpc.results.variability import read_runs, variability_command
 from tests.conftest import mlhpc_cli
 from tests.test_variability import write_log
 
@@ -261,5 +261,5 @@ def test_any_bytes_give_runs_warnings_or_one_line(
 def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
     """The olympic-mean factor's simulation is not under test here: a closed form keeps it fast."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("mlhpc.variability.olympic_se_factor", lambda runs: 1 / math.sqrt(runs))
+        patch.setattr("mlhpc.results.variability.olympic_se_factor", lambda runs: 1 / math.sqrt(runs))
         yield patch

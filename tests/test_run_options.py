@@ -14,9 +14,9 @@ from typing import get_args, get_type_hints
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlhpc.campaign.options import _ARGV, RunOptions, from_args
 from mlhpc.cli import build_parser
 from mlhpc.common import vocabulary
-from mlhpc.run_options import _ARGV, RunOptions, from_args
 from tests.conftest import cli_env
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from mlhpc.campaign.resume import finished_runs
 from mlhpc.common.errors import SubmissionError
 from mlhpc.generation import DATASET_COMPLETE, DATASET_GENERATING
-from mlhpc.resume import finished_runs
 from mlhpc.staging.localdir import STAGE_OWNER, claim_stage_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import merge_system_json
 from tests.conftest import cli_env, ctrl_c_as_at_a_terminal

@@ -16,7 +16,7 @@ import pytest
 from mlhpc.cli import main
 from mlhpc.common.timing import PHASES
 from mlhpc.common.waiting import say_if_slow
-from mlhpc.variability import MAX_RUNS, _olympic_se_table, olympic_se_factor, runs_needed
+from mlhpc.results.variability import MAX_RUNS, _olympic_se_table, olympic_se_factor, runs_needed
 
 
 def write_campaigns(root: Path, names: tuple[str, ...] = ("a", "b"), runs: int = 10) -> None:

@@ -13,13 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.campaign import CAMPAIGN_FILE
-from mlhpc.campaign_io import read_campaign_file
-from mlhpc.cli import build_parser
-from mlhpc.commands.run import _run_options
-from mlhpc.common.errors import ConfigError, SubmissionError
-from mlhpc.run_options import RunOptions, from_args
-from mlhpc.slurm_campaign import (
+from mlhpc.campaign.io import read_campaign_file
+from mlhpc.campaign.options import RunOptions, from_args
+from mlhpc.campaign.plan import CAMPAIGN_FILE
+from mlhpc.campaign.slurm import (
     SlurmCampaign,
     SlurmResources,
     campaign_request,
@@ -30,6 +27,9 @@ from mlhpc.slurm_campaign import (
     seed_script,
     submit,
 )
+from mlhpc.cli import build_parser
+from mlhpc.commands.run import _run_options
+from mlhpc.common.errors import ConfigError, SubmissionError
 from tests.conftest import cli_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,8 +207,8 @@ def test_random_first_seeds_differ_and_count_up(tmp_path: Path) -> None:
 
 def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
     """The runner's and the submitter's requests for one command line give one plan."""
-    from mlhpc.campaign_io import resolve_config
-    from mlhpc.runner import campaign_request as local_request
+    from mlhpc.campaign.io import resolve_config
+    from mlhpc.campaign.local import campaign_request as local_request
 
     common = ["--seeds", "3", "--first-seed", "40", "--system", "sys", "--resume"]
     write_result(tmp_path, 1, 41)  # a resumed campaign: the same kept run on both routes

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlhpc import runner
+from mlhpc.campaign import local as runner
 from mlhpc.cli import build_parser
 from mlhpc.commands.run import _run_options
 from mlhpc.staging import CallbackComm

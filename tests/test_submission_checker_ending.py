@@ -98,7 +98,7 @@ def test_every_check_error_is_one_mlhpc_line(tmp_path: Path, args: list[str]) ->
 def test_pages_keep_to_their_width_without_a_browser(tmp_path: Path) -> None:
     """What test_report_browser measures at 1200 px, as rules of the pages (that test needs Chromium):
     every table in a box that scrolls on its own, plots that shrink, long names that wrap."""
-    from mlhpc.results_command import PAGE_STYLE
+    from mlhpc.results.compare import PAGE_STYLE
     from mlhpc.submission_checker.html_report import STYLE, report_html
 
     page = report_html(check_submission(cosmoflow_at(tmp_path, 512), ruleset="3.0.0"))

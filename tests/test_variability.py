@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.variability import (
+from mlhpc.results.variability import (
     Spread,
     analyse,
     olympic_mean,

@@ -1,4 +1,4 @@
-"""`mlhpc report PATH`: where each run's time went (the work is mlhpc.report's)."""
+"""`mlhpc report PATH`: where each run's time went (the work is mlhpc.results.report's)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from mlhpc.report import report_command
+    from mlhpc.results.report import report_command
 
     report_command(args.path, plot=args.plot, json_path=args.json, csv_path=args.csv)
     return 0

@@ -1,5 +1,5 @@
 """`mlhpc results add|list|compare`: checked entries in one SQLite store (the work is
-mlhpc.results_command's)."""
+mlhpc.results.compare's)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 def _results(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from mlhpc import results_command as command
-    from mlhpc.results_store import default_db
+    from mlhpc.results import compare as command
+    from mlhpc.results.store import default_db
 
     db = args.db or default_db()
     out = Console(highlight=False)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
+from mlhpc.campaign.options import Backend, Device
 from mlhpc.commands import ALLOW_SIZE_HELP, add_command, size_argument
 from mlhpc.common.vocabulary import (
     DEFAULT_RULESET,
@@ -19,11 +20,10 @@ from mlhpc.common.vocabulary import (
     STAGINGS,
     STATUSES,
 )
-from mlhpc.run_options import Backend, Device
 
 if TYPE_CHECKING:
+    from mlhpc.campaign.options import RunOptions
     from mlhpc.generation import SizeCheck
-    from mlhpc.run_options import RunOptions
 
 
 def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
@@ -136,16 +136,16 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         help="config overrides (optional), e.g. loop.max_epochs=20",
     )
     if command in (None, "run"):
-        from mlhpc.slurm_campaign import add_slurm_arguments
+        from mlhpc.campaign.slurm import add_slurm_arguments
 
         add_slurm_arguments(run)
     run.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mlhpc.campaign import check_numbers
+    from mlhpc.campaign.options import check_options, from_args
+    from mlhpc.campaign.plan import check_numbers
     from mlhpc.common.writable import check_writable_dir, local_dir_name, refuse_output_over_inputs
-    from mlhpc.run_options import check_options, from_args
     from mlhpc.staging.localdir import resolve_local_dir
 
     # Built and checked once, here, for every route (local, weak, dry run, Slurm): a login node
@@ -162,23 +162,23 @@ def _run(args: argparse.Namespace) -> int:
             resolve_local_dir(opts.local_dir), [opts.data], local_dir_name(opts.local_dir), folder=True
         )
     if args.slurm:  # submit and return: the login node needs neither torch nor data
-        from mlhpc.slurm_campaign import resources_from_args, run_slurm_campaign
+        from mlhpc.campaign.slurm import resources_from_args, run_slurm_campaign
 
         if not args.dry_run:
             check_writable_dir(opts.out, "--out")
         return run_slurm_campaign(opts, resources_from_args(args), dry_run=args.dry_run)
     if args.dry_run:  # check the config (and --data), print the init events, build nothing
-        from mlhpc.dry_run import dry_run
+        from mlhpc.campaign.dry_run import dry_run
 
         return dry_run(opts, args.json)
     # Up front, on every rank: a read-only --out or a MLHPC_LOCAL_DIR that is a file is one line now,
     # not a traceback after the first seed has trained.
     check_writable_dir(opts.out, "--out")
     check_writable_dir(resolve_local_dir(opts.local_dir), local_dir_name(opts.local_dir))
+    from mlhpc.campaign.local import run_campaign
     from mlhpc.common.debug_log import debug_log
     from mlhpc.common.distributed import init_distributed, shutdown_distributed
     from mlhpc.common.launch import detect_launch
-    from mlhpc.runner import run_campaign
 
     if opts.instances > 1 and detect_launch().world_size == 1:
         return _launch_instances(opts)
@@ -221,8 +221,8 @@ def generated_size(opts: RunOptions) -> tuple[Path, SizeCheck] | None:
     """Where a run without --data generates its dataset and what it checks first (None with --data)."""
     if opts.data is not None:
         return None
-    from mlhpc.campaign import dataset_dir
-    from mlhpc.campaign_io import resolve_config
+    from mlhpc.campaign.io import resolve_config
+    from mlhpc.campaign.plan import dataset_dir
     from mlhpc.generation import run_size_check
 
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
@@ -257,7 +257,7 @@ def resume_command(args: argparse.Namespace, program: str) -> str | None:
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
     """The options `args` hold (run_options.from_args; kept for the tests that build them so)."""
-    from mlhpc.run_options import from_args
+    from mlhpc.campaign.options import from_args
 
     return from_args(args)
 
@@ -292,8 +292,8 @@ def _launch_instances(opts: RunOptions) -> int:
             raise
     if status != 0 or not opts.check:
         return status
-    from mlhpc.campaign import CAMPAIGN_FILE
-    from mlhpc.campaign_io import read_campaign_file
+    from mlhpc.campaign.io import read_campaign_file
+    from mlhpc.campaign.plan import CAMPAIGN_FILE
 
     recorded = read_campaign_file(opts.out / CAMPAIGN_FILE)  # the settings the ranks ran with
     assert recorded is not None, "the instances' rank 0 writes the campaign file"

@@ -1,4 +1,4 @@
-"""`mlhpc variability PATH`: a campaign's run-to-run variability (the work is mlhpc.variability's)."""
+"""`mlhpc variability PATH`: a campaign's run-to-run variability (the work is mlhpc.results.variability's)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _variability(args: argparse.Namespace) -> int:
-    from mlhpc.variability import variability_command
+    from mlhpc.results.variability import variability_command
 
     if not args.difference > 0:
         raise ConfigError(f"--difference {args.difference} must be positive; e.g. 0.05 for 5 %")

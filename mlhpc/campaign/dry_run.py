@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
-from mlhpc.campaign import CAMPAIGN_FILE, dataset_dir
-from mlhpc.campaign_io import plan_out, resolve_config
+from mlhpc.campaign.io import plan_out, resolve_config
+from mlhpc.campaign.local import campaign_request, plan_line
+from mlhpc.campaign.options import RunOptions, check_planned
+from mlhpc.campaign.plan import CAMPAIGN_FILE, dataset_dir
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError
@@ -26,8 +28,6 @@ from mlhpc.common.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.mllogger import MLLog, constants
 from mlhpc.common.printable import shown
 from mlhpc.common.writable import refuse_output_over_inputs
-from mlhpc.run_options import RunOptions, check_planned
-from mlhpc.runner import campaign_request, plan_line
 from mlhpc.system_desc import stable_system_name
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from mlhpc.campaign import (
+from mlhpc.campaign.plan import (
     CAMPAIGN_FILE,
     CAMPAIGN_FORMAT,
     DEFAULTS,
@@ -147,7 +147,7 @@ def given_settings(path: Path | None, flags: Mapping[str, str | None]) -> dict[s
 
 def scan_results(folder: Path) -> ResultScan:
     """What a results folder holds (a result that cannot be read is a SubmissionError)."""
-    from mlhpc.resume import finished_runs
+    from mlhpc.campaign.resume import finished_runs
 
     paths = sorted(Path(folder).glob("result_*.txt"))
     present = frozenset(int(p.stem[7:]) for p in paths if p.stem[7:].isdigit())

@@ -20,7 +20,7 @@ from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.printable import shown
 from mlhpc.common.waiting import say_if_slow
 from mlhpc.common.writable import refuse_output_over_inputs
-from mlhpc.results_store import (
+from mlhpc.results.store import (
     add_reports,
     entry_name,
     fetch_entries,

@@ -18,8 +18,10 @@ from typing import Any, TypeVar
 import yaml
 
 from mlhpc import __version__
-from mlhpc.campaign import SETTING_FLAGS, CampaignPlan, CampaignRequest
-from mlhpc.campaign_io import ResolvedConfig, given_settings, plan_out, record_plan, resolve_config
+from mlhpc.campaign.io import ResolvedConfig, given_settings, plan_out, record_plan, resolve_config
+from mlhpc.campaign.options import RunOptions, check_planned
+from mlhpc.campaign.options import check_options as check_options  # where older callers import it
+from mlhpc.campaign.plan import SETTING_FLAGS, CampaignPlan, CampaignRequest
 from mlhpc.common import registry
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
@@ -32,8 +34,6 @@ from mlhpc.common.mllogger import MLLog
 from mlhpc.common.progress import SILENT, CampaignClock, Progress, seed_line
 from mlhpc.generation import SizeCheck, generate_dataset, run_size_check
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
-from mlhpc.run_options import RunOptions, check_planned
-from mlhpc.run_options import check_options as check_options  # where older callers import it
 from mlhpc.staging import Communicator, StageRequest, comm_for, resolve_local_dir, stage_dataset
 from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import describe_system, merge_system_json, stable_system_name, write_system_json

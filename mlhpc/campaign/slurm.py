@@ -13,12 +13,12 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mlhpc.campaign import SETTING_FLAGS, CampaignPlan, CampaignRequest, check_numbers
-from mlhpc.campaign_io import given_settings, plan_out, record_plan, resolve_config
+from mlhpc.campaign.io import given_settings, plan_out, record_plan, resolve_config
+from mlhpc.campaign.options import RunOptions, check_planned
+from mlhpc.campaign.plan import SETTING_FLAGS, CampaignPlan, CampaignRequest, check_numbers
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.locks import folder_lock
-from mlhpc.run_options import RunOptions, check_planned
 from mlhpc.staging.manifest import MANIFEST_NAME
 
 SBATCH_TIMEOUT_S = 60
@@ -207,7 +207,7 @@ def find_run_and_time() -> Path:
     on_path = shutil.which("run_and_time.sh")
     if on_path:
         return Path(on_path).absolute()
-    beside = Path(__file__).resolve().parents[1] / "run_and_time.sh"
+    beside = Path(__file__).resolve().parents[2] / "run_and_time.sh"
     if beside.is_file():
         return beside
     raise ConfigError("cannot find run_and_time.sh; put the repository's copy on PATH and submit again")
