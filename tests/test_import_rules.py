@@ -132,10 +132,10 @@ print(json.dumps({"imported": names, "first_with_torch": pulled}))
 """
 
 
-def import_each(package: str) -> dict:
+def import_each(package: str, exempt: set[str] = TORCH_BY_DESIGN) -> dict:
     """Import each module of `package` in turn in a fresh interpreter: which one brought torch in."""
     proc = subprocess.run(
-        [sys.executable, "-c", _IMPORT_EACH, package, json.dumps(sorted(TORCH_BY_DESIGN))],
+        [sys.executable, "-c", _IMPORT_EACH, package, json.dumps(sorted(exempt))],
         capture_output=True,
         text=True,
         timeout=300,
@@ -150,6 +150,43 @@ def test_login_node_packages_import_no_torch(package: str) -> None:
     result = import_each(package)
     assert len(result["imported"]) > 3, result
     assert result["first_with_torch"] is None, f"{result['first_with_torch']} imports torch"
+
+
+# The two campaign modules that train or build a model; the rest plan and submit on a login node.
+CAMPAIGN_TORCH_BY_DESIGN = {"mlhpc.campaign.local", "mlhpc.campaign.dry_run"}
+
+
+def test_the_campaign_room_plans_and_submits_without_torch() -> None:
+    """Planning, campaign.json, the options and the Slurm submitter: a login node has no torch."""
+    result = import_each("mlhpc.campaign", CAMPAIGN_TORCH_BY_DESIGN)
+    assert {"mlhpc.campaign.plan", "mlhpc.campaign.slurm", "mlhpc.campaign.options"} <= set(result["imported"])
+    assert result["first_with_torch"] is None, f"{result['first_with_torch']} imports torch"
+
+
+def imports_under(folder: Path, package: str, prefixes: tuple[str, ...]) -> list[str]:
+    """Each `file:line imports X` under `folder` where X is one of `prefixes` or inside it."""
+    broken = []
+    for path in sorted(folder.rglob("*.py")):
+        where = ".".join([package, *path.relative_to(folder).parent.parts])
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), where):
+            if any(module == p or module.startswith(p + ".") for p in prefixes):
+                broken.append(f"{path.relative_to(folder)}:{line} imports {module}")
+    return broken
+
+
+@pytest.mark.parametrize(
+    ("room", "above"),
+    [
+        # The rooms serve the commands, never the other way round.
+        ("campaign", ("mlhpc.cli", "mlhpc.commands", "mlhpc.results")),
+        # What runs produced is read from their files, not from the code that ran them.
+        ("results", ("mlhpc.cli", "mlhpc.commands", "mlhpc.campaign")),
+    ],
+)
+def test_the_top_floor_rooms_do_not_reach_up_or_across(room: str, above: tuple[str, ...]) -> None:
+    folder = REPO / "mlhpc" / room
+    assert len(list(folder.glob("*.py"))) > 3
+    assert imports_under(folder, f"mlhpc.{room}", above) == []
 
 
 def test_the_torch_communicator_is_the_staging_module_exempt_by_name() -> None:
