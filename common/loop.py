@@ -76,6 +76,8 @@ class RunResult:
     """Forward + backward FLOPs of one training sample (torch.utils.flop_counter, first step)."""
     achieved_flops_per_s: float = 0.0
     """Training FLOPs over forward + backward seconds, summed over ranks."""
+    train_samples: int = 0
+    """Training samples an epoch over all ranks (the logged train_samples), for HPC AI500's FLOPS."""
     breakdown: Breakdown | None = None
     error: str | None = None
 
@@ -250,6 +252,7 @@ def _finish(
         train_samples_per_s=stats.last_samples_per_s,
         flops_per_sample=stats.flops_per_sample,
         achieved_flops_per_s=achieved,
+        train_samples=training.data.train_samples,
         error=epochs.error,
     )
     if training.bench.run_end_events is not None:
