@@ -12,7 +12,7 @@ median of the rounds' own ratios, printed with the lowest and highest round:
 - `+sync` (an extra, labelled): the copy, then `sync` until it is on disk.
 
 Before each copy: `sync`, then for a cold case the page cache is dropped (root), for a warm
-one the source is read once; then a pause of `tools.SETTLE_S`. Copies of many small files go to
+one the source is read once; then a pause of `dataset.SETTLE_S`. Copies of many small files go to
 new folders that are removed only at the end: removing thousands of files makes ext4 skip the
 freed inodes for a minute or more (`recently_deleted`), which would slow whichever copy runs
 next. `--cgroup-mib N` runs the large cold case once more with `mlhpc stage` in a memory cgroup
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from mlhpc.staging.request import StageRequest
 from mlhpc.staging.stage import stage_dataset
-from mlhpc.staging.study import tools
+from mlhpc.staging.study import cgroup, clock, dataset, rank_groups
 
 CASES = ("small-warm", "small-cold", "large-warm", "large-cold", "small-ranks", "large-ranks")
 
@@ -47,10 +47,10 @@ CASES = ("small-warm", "small-cold", "large-warm", "large-cold", "small-ranks", 
 def prepare(src: Path, cold: bool) -> None:
     os.sync()
     if cold:
-        tools.drop_caches()
+        dataset.drop_caches()
     else:
-        tools.read_all(src)
-    time.sleep(tools.SETTLE_S)
+        dataset.read_all(src)
+    time.sleep(dataset.SETTLE_S)
 
 
 def cpu_seconds() -> float:
@@ -69,7 +69,7 @@ class Case:
 
     def measure(self, name: str, src: Path, dest: Path, cold: bool, copy: Callable[[], object]) -> None:
         """`copy` may return its own seconds (ranks timed inside their launch), else it is timed
-        (`tools.user_clock`, as `mlhpc stage-bench` times)."""
+        (`clock.user_clock`, as `mlhpc stage-bench` times)."""
         prepare(src, cold)
         cpu = 0.0
 
@@ -80,7 +80,7 @@ class Case:
             cpu = cpu_seconds() - before
             return own
 
-        timing = tools.user_clock(counted, dest)
+        timing = clock.user_clock(counted, dest)
         assert timing.read_once_s is not None and timing.extra_with_sync_s is not None  # user_clock times all
         self.cpu.setdefault(name, []).append(cpu)
         self.copy.setdefault(name, []).append(timing.wall_s)
@@ -121,7 +121,7 @@ def tar_tar(src: Path, dest: Path) -> None:
 
 def parallel_cp(src: Path, dest: Path) -> None:
     """One `cp` per file, all at once (the folders made first)."""
-    files = tools.source_files(src)
+    files = dataset.source_files(src)
     for path in files:
         (dest / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
     procs = [subprocess.Popen(["cp", str(p), str(dest / p.relative_to(src))]) for p in files]
@@ -181,7 +181,7 @@ def two_ranks(case: str, src: Path, work: Path, rounds: int, files: int, ranks: 
                     return None
                 row = {"src": str(src), "dest": str(dest), "mode": name, "workers": 32}
                 row |= {"cold": False, "read": False, "sync": False, "keep": True}  # read and synced here
-                return float(tools.run_plan_in_ranks([row], ranks, work)[0]["wall_s"])
+                return float(rank_groups.run_plan_in_ranks([row], ranks, work)[0]["wall_s"])
 
             result.measure(name, src, dest, False, copy)
     result.report(f"{case}, {ranks} ranks, warm ({files} files)", files, ["cp -r x2"], ["replicate", "shard"])
@@ -189,7 +189,7 @@ def two_ranks(case: str, src: Path, work: Path, rounds: int, files: int, ranks: 
 
 def cgroup_case(src: Path, work: Path, mib: int, rounds: int) -> None:
     """`mlhpc stage` with --io auto and --io buffered inside a memory cgroup of `mib` MiB."""
-    group = tools.memory_cgroup(f"mlhpc-perf-{os.getpid()}", mib << 20)
+    group = cgroup.memory_cgroup(f"mlhpc-perf-{os.getpid()}", mib << 20)
     if group is None:
         print("cgroup case skipped: no writable memory cgroup (needs root)")
         return
@@ -202,7 +202,7 @@ def cgroup_case(src: Path, work: Path, mib: int, rounds: int) -> None:
 
                 def copy(dest: Path = dest, io: str = io) -> None:
                     nonlocal chosen
-                    proc = tools.run_in_cgroup(
+                    proc = cgroup.run_in_cgroup(
                         group, [sys.executable, "-m", "mlhpc", "stage", str(src), str(dest), "--io", io]
                     )
                     chosen = proc.stdout.strip().rsplit("I/O ", 1)[-1] if io == "auto" else chosen
@@ -216,7 +216,7 @@ def cgroup_case(src: Path, work: Path, mib: int, rounds: int) -> None:
             ["--io auto"],
         )
     finally:
-        tools.remove_cgroup(group)
+        cgroup.remove_cgroup(group)
 
 
 def main() -> None:
@@ -240,7 +240,7 @@ def main() -> None:
         sys.exit(f"unknown cases {sorted(unknown)}; use {','.join(CASES)}")
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         work = Path(scratch)
-        print(f"cold page cache possible: {tools.drop_caches()}; scratch {work}; {os.cpu_count()} CPUs")
+        print(f"cold page cache possible: {dataset.drop_caches()}; scratch {work}; {os.cpu_count()} CPUs")
         small, large = work / "src-small", work / "src-large"
         sizes = {
             "small": (args.small_files, args.small_kib << 10),
@@ -250,13 +250,13 @@ def main() -> None:
             kind = case.split("-")[0]
             files, size = sizes[kind]
             src = small if kind == "small" else large
-            tools.make_dataset(src, files * size, size)
+            dataset.make_dataset(src, files * size, size)
             if case.endswith("ranks"):
                 two_ranks(case, src, work, args.rounds, files, args.ranks)
             else:
                 one_rank(case, src, work, args.rounds, files)
         if args.cgroup_mib:
-            tools.make_dataset(large, args.large_files * (args.large_mib << 20), args.large_mib << 20)
+            dataset.make_dataset(large, args.large_files * (args.large_mib << 20), args.large_mib << 20)
             cgroup_case(large, work, args.cgroup_mib, args.rounds)
 
 

@@ -28,7 +28,7 @@ from mlhpc.common.writable import (
     refuse_output_over_inputs,
     remove_marked_dir,
 )
-from mlhpc.staging.study import tools
+from mlhpc.staging.study import dataset
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def inputs(tmp_path: Path) -> Inputs:
         ' "flops_per_sample": 1e9, "achieved_flops_per_s": 1e12, "train_samples_seen": 64}'
     )
     data = tmp_path / "data"
-    tools.make_dataset(data, 256 << 10, 64 << 10)
+    dataset.make_dataset(data, 256 << 10, 64 << 10)
     config = tmp_path / "mini.yaml"
     shutil.copy(REPO / "benchmarks" / "cosmoflow" / "configs" / "mini.yaml", config)
     (tmp_path / "link").symlink_to(sub)

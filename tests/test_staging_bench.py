@@ -14,7 +14,7 @@ import pytest
 
 from mlhpc.cli import main
 from mlhpc.staging.comm import CallbackComm
-from mlhpc.staging.study import tools
+from mlhpc.staging.study import baselines, clock, dataset, rank_groups, raw
 
 COPIES = ("cp", "tar", "mlhpc")  # staged data to read once; the raw disk measures stage nothing
 
@@ -73,14 +73,14 @@ def slowed(monkeypatch: pytest.MonkeyPatch, read_s: float, sync_s: float) -> lis
     """`read_all` made `read_s` slower and `sync` a pause of `sync_s` (nothing written back: a real
     sync waits on the whole machine); returns the roots that were read."""
     roots: list[Path] = []
-    read_all: Callable[[Path], None] = tools.read_all
+    read_all: Callable[[Path], None] = dataset.read_all
 
     def slow_read(root: Path) -> None:
         roots.append(root)
         time.sleep(read_s)
         read_all(root)
 
-    monkeypatch.setattr(tools, "read_all", slow_read)
+    monkeypatch.setattr(dataset, "read_all", slow_read)
     monkeypatch.setattr(os, "sync", lambda: time.sleep(sync_s))
     return roots
 
@@ -95,12 +95,12 @@ def test_the_users_clock_leaves_the_read_and_the_sync_out(
         dest.mkdir()
         (dest / "a.bin").write_bytes(b"x" * 1000)
 
-    timing = tools.user_clock(copy, dest)
+    timing = clock.user_clock(copy, dest)
     assert roots == [dest]
     assert timing.wall_s < READ_S  # the copy alone
     assert READ_S <= timing.read_once_s - timing.wall_s < SYNC_S  # the read, not the sync
     assert SYNC_S <= timing.extra_with_sync_s - timing.wall_s < SYNC_S + READ_S  # the sync, not the read
-    ranks = tools.user_clock(lambda: 0.25, dest)  # ranks timed inside their launch: their seconds
+    ranks = clock.user_clock(lambda: 0.25, dest)  # ranks timed inside their launch: their seconds
     assert ranks.wall_s == pytest.approx(0.25)
     assert ranks.read_once_s >= 0.25 + READ_S and ranks.extra_with_sync_s >= 0.25 + SYNC_S
 
@@ -108,16 +108,16 @@ def test_the_users_clock_leaves_the_read_and_the_sync_out(
 def test_a_plan_row_times_the_staging_then_the_read_then_the_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tools.make_dataset(tmp_path / "src", 256 << 10, 64 << 10)
+    dataset.make_dataset(tmp_path / "src", 256 << 10, 64 << 10)
     row = {"src": str(tmp_path / "src"), "dest": str(tmp_path / "dest"), "mode": "replicate", "workers": 2}
     plan = [row | {"cold": False}, row | {"cold": False, "read": False, "sync": False}]
     roots = slowed(monkeypatch, READ_S, SYNC_S)
-    timed, untimed = tools.run_plan(CallbackComm(), plan)
+    timed, untimed = rank_groups.run_plan(CallbackComm(), plan)
     assert roots == [tmp_path / "dest" / "node0"]  # the node's copy, read once; not for the second row
     assert timed["wall_s"] < SYNC_S
     assert READ_S <= timed["read_once_s"] - timed["wall_s"] < SYNC_S
     assert SYNC_S <= timed["extra_with_sync_s"] - timed["wall_s"] < SYNC_S + READ_S
-    assert tools.Timing.from_row(untimed) == tools.Timing(wall_s=untimed["wall_s"])
+    assert clock.Timing.from_row(untimed) == clock.Timing(wall_s=untimed["wall_s"])
 
 
 def test_the_study_reports_the_users_clock_with_sync_only_as_the_extra(
@@ -151,25 +151,25 @@ def test_copies_go_to_the_local_dir_and_leave_nothing(
     local = tmp_path / "local"
     destinations: list[Path] = []
     for name in ("cp_timing", "tar_timing", "raw_copy_seconds"):
-        measure = getattr(tools, name)
+        measure = getattr(baselines, name)
 
         def recording(*args: Any, _measure: Any = measure, **kwargs: Any) -> Any:
             destinations.append(Path(args[1]))
             return _measure(*args, **kwargs)
 
-        monkeypatch.setattr(tools, name, recording)
-    run_plan = tools.run_plan_in_ranks
+        monkeypatch.setattr(baselines, name, recording)
+    run_plan = rank_groups.run_plan_in_ranks
 
     def recording_plan(plan: list[dict[str, Any]], *args: Any) -> list[dict[str, Any]]:
         destinations.extend(Path(row["dest"]) for row in plan)
         return run_plan(plan, *args)
 
-    monkeypatch.setattr(tools, "run_plan_in_ranks", recording_plan)
+    monkeypatch.setattr(rank_groups, "run_plan_in_ranks", recording_plan)
     rows = run_bench(
         tmp_path / "out", "--workers", "2", "--ranks", "1", "--file-kib", "64", "--local-dir", str(local)
     )
     assert {r["method"] for r in rows} == {"cp", "tar", "raw-read", "raw-write", "copy-limit", "mlhpc"}
-    assert len(destinations) == 3 + len(tools.RAW_DEPTHS)  # cp, tar, stage, and a copy limit per depth
+    assert len(destinations) == 3 + len(raw.RAW_DEPTHS)  # cp, tar, stage, and a copy limit per depth
     # in one folder the study made in --local-dir under a fresh name, removed with all in it
     assert len({d.parent for d in destinations}) == 1
     assert all(
@@ -184,7 +184,7 @@ def test_parallel_dd_copies_every_file_byte_for_byte(tmp_path: Path) -> None:
     files = {"big.bin": os.urandom((17 << 20) + 5), "sub/small.bin": b"z" * 100}  # O_DIRECT's tails
     for name, data in files.items():
         (src / name).write_bytes(data)
-    tools.parallel_dd(src, tmp_path / "dest", streams=2)
+    baselines.parallel_dd(src, tmp_path / "dest", streams=2)
     assert {
         p.relative_to(tmp_path / "dest").as_posix(): p.read_bytes()
         for p in (tmp_path / "dest").rglob("*.bin")
@@ -193,20 +193,20 @@ def test_parallel_dd_copies_every_file_byte_for_byte(tmp_path: Path) -> None:
 
 def test_timings_reject_an_unknown_method(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rsync"):
-        tools.timings_by_round(tmp_path, 1, tmp_path, 1, False, ("cp", "rsync"))
+        baselines.timings_by_round(tmp_path, 1, tmp_path, 1, False, ("cp", "rsync"))
 
 
 def test_raw_baselines_keep_one_depth_chosen_by_median(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # depth 4 is lucky once and slow otherwise; the faster run of each round would give [1, 2, 2]
-    seconds = {tools.RAW_DEPTHS[0]: iter([1.0, 3.0, 3.0]), tools.RAW_DEPTHS[1]: iter([2.0, 2.0, 2.0])}
-    monkeypatch.setattr(tools, "raw_read_seconds", lambda src, cold, depth: next(seconds[depth]))
-    cp = tools.Timing(wall_s=4.0, read_once_s=5.0, extra_with_sync_s=6.0)
-    monkeypatch.setattr(tools, "cp_timing", lambda src, dest, cold: cp)
-    times = tools.timings_by_round(tmp_path, 1, tmp_path, 3, False, ("cp", "raw-read"))
-    assert times == {"cp": [cp] * 3, "raw-read": [tools.Timing(wall_s=2.0)] * 3}
-    assert tools.medians(times)["raw-read"] == tools.Timing(
+    seconds = {raw.RAW_DEPTHS[0]: iter([1.0, 3.0, 3.0]), raw.RAW_DEPTHS[1]: iter([2.0, 2.0, 2.0])}
+    monkeypatch.setattr(baselines, "raw_read_seconds", lambda src, cold, depth: next(seconds[depth]))
+    cp = clock.Timing(wall_s=4.0, read_once_s=5.0, extra_with_sync_s=6.0)
+    monkeypatch.setattr(baselines, "cp_timing", lambda src, dest, cold: cp)
+    times = baselines.timings_by_round(tmp_path, 1, tmp_path, 3, False, ("cp", "raw-read"))
+    assert times == {"cp": [cp] * 3, "raw-read": [clock.Timing(wall_s=2.0)] * 3}
+    assert clock.medians(times)["raw-read"] == clock.Timing(
         wall_s=2.0, read_once_s=None, extra_with_sync_s=None
     )
 
@@ -216,16 +216,16 @@ def test_raw_read_reads_every_source_byte_once_with_requests_in_flight(tmp_path:
     small.parent.mkdir(parents=True)
     big.write_bytes(os.urandom((40 << 20) + 5))  # not a whole number of pages: O_DIRECT's hard case
     small.write_bytes(b"y" * 100)
-    assert tools.source_files(tmp_path / "data") == [big, small]
-    pieces = tools._read_pieces([big], 4)  # one file: cut so that several requests are in flight
+    assert dataset.source_files(tmp_path / "data") == [big, small]
+    pieces = raw._read_pieces([big], 4)  # one file: cut so that several requests are in flight
     assert len(pieces) == 3
     assert [(offset, length) for _, offset, length in pieces] == [
         (0, 16 << 20),
         (16 << 20, 16 << 20),
         (32 << 20, (8 << 20) + 5),
     ]
-    assert [p[1:] for p in tools._read_pieces([big, small], 2)] == [(0, (40 << 20) + 5), (0, 100)]
-    assert tools.raw_read_seconds(tmp_path / "data", cold=False) > 0
+    assert [p[1:] for p in raw._read_pieces([big, small], 2)] == [(0, (40 << 20) + 5), (0, 100)]
+    assert raw.raw_read_seconds(tmp_path / "data", cold=False) > 0
 
 
 def test_unknown_mode_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -295,7 +295,7 @@ def test_an_output_inside_the_data_is_refused_before_measuring(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
 ) -> None:
     data = tmp_path / "data"
-    tools.make_dataset(data, 256 << 10, 64 << 10)
+    dataset.make_dataset(data, 256 << 10, 64 << 10)
     before = tree(data)
     outputs = {"--out": str(tmp_path / "out"), option: str(data / "inside")}
     argv = ["stage-bench", "--data", str(data), *(w for pair in outputs.items() for w in pair)]
@@ -311,17 +311,17 @@ def test_the_cache_is_dropped_once_per_dataset_and_the_source_evicted_per_step(
     """Dropping the machine's whole cache before every step took 5.5 min on 16 MiB (80 drops)."""
     drops: list[int] = []
     evicted: list[Path] = []
-    evict = tools.evict
-    monkeypatch.setattr(tools, "drop_caches", lambda: drops.append(1) or True)
-    monkeypatch.setattr(tools, "evict", lambda src: evicted.append(src) or evict(src))
-    monkeypatch.setattr(tools, "SETTLE_S", 0.0)
+    evict = dataset.evict
+    monkeypatch.setattr(dataset, "drop_caches", lambda: drops.append(1) or True)
+    monkeypatch.setattr(dataset, "evict", lambda src: evicted.append(src) or evict(src))
+    monkeypatch.setattr(dataset, "SETTLE_S", 0.0)
     args = ["stage-bench", "--out", str(tmp_path / "out"), "--total-mib", "1", "--file-kib", "64,256"]
     assert main([*args, "--repeats", "2", "--ranks", "1", "--workers", "1,2"]) == 0
     assert len(drops) == 2  # one per dataset, not one per step
     sources = {p.name for p in evicted}
     assert sources == {"data-64k", "data-256k"}
     # per dataset and round: cp, tar, raw read and copy limit per depth; then each stage run
-    per_dataset = 2 * (2 + 2 * len(tools.RAW_DEPTHS)) + 2 * 2
+    per_dataset = 2 * (2 + 2 * len(raw.RAW_DEPTHS)) + 2 * 2
     assert len(evicted) == 2 * per_dataset
     first = capsys.readouterr().out.splitlines()[0]
     assert (
