@@ -19,6 +19,7 @@ from mlhpc.common import registry
 from mlhpc.common.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.vcluster_fixture"]  # the session's virtual Slurm cluster (fixture `vcluster`)
 
 
 @pytest.fixture
