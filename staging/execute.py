@@ -15,14 +15,9 @@ from mlhpc.staging.archive_stream import Pipe
 from mlhpc.staging.buffered import make_folders
 from mlhpc.staging.comm import Communicator
 from mlhpc.staging.copy import CopyJob
-from mlhpc.staging.exchange import (
-    FileStreamReader,
-    FileStreamsConsumer,
-    chunk_size,
-    exchange_rounds,
-    peer_have_sets,
-)
+from mlhpc.staging.exchange import chunk_size, exchange_rounds, peer_have_sets
 from mlhpc.staging.extract import ArchiveExtractor
+from mlhpc.staging.file_streams import FileStreamReader, FileStreamsConsumer
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import FileEntry, Manifest
 from mlhpc.staging.origin import changed_while_copied, current_identity, open_regular, recorded_identity

@@ -2,21 +2,25 @@
 
 Chosen per job on facts (`choose_io`): how much this node writes against the memory it may use
 (the machine's and its memory cgroup's), and how much of the source is cached already (`mincore`
-on a sample of its files). Pure policy in `decide`, the probes beside it.
+on a sample of its files), and whether O_DIRECT writes work and pay in DEST
+(`direct_writes_pay`). Pure policy in `decide`, the probes beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import mmap
 import os
+import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc.common.errors import StagingError
+from mlhpc.staging.sink import ALIGN
 
 IO_CHOICES = ("auto", "buffered", "direct", "kernel")
 FIT_FRACTION = 0.5
@@ -68,7 +72,7 @@ def decide(io: str, share_bytes: int, available_bytes: int | None, cached: float
 
     `available_bytes`: None when not known (then only a cached source takes the buffered path);
     `cached`: the cached fraction of the sampled source bytes; `direct_ok`: whether O_DIRECT
-    writes work and pay in DEST (`sink.direct_writes_pay`)."""
+    writes work and pay in DEST (`direct_writes_pay`)."""
     if io not in IO_CHOICES:
         raise StagingError(f"io={io!r} is unknown; use one of {', '.join(IO_CHOICES)}")
     mib = 1 << 20
@@ -227,3 +231,58 @@ def choose_io(io: str, share_bytes: int, source_paths: Sequence[str], direct_ok:
     """`decide` on this machine's facts. With `io` forced, the probes still run: the reason
     shows what auto would have seen."""
     return decide(io, share_bytes, available_memory(), cached_fraction(source_paths), direct_ok)
+
+
+def supports_direct_io(directory: str) -> bool:
+    """Whether O_DIRECT writes work in `directory` (not on tmpfs of older kernels, not on some FUSE)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = os.path.join(directory, f".mlhpc-direct-probe-{os.getpid()}")
+    buffer = mmap.mmap(-1, ALIGN)
+    made = False
+    try:
+        # O_EXCL: a file of that name that is there already (a user's) is neither written nor removed.
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_DIRECT, 0o644)
+        made = True
+        try:
+            os.pwrite(fd, buffer, 0)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        buffer.close()
+        if made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(probe)
+
+
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def direct_writes_pay(directory: str) -> bool:
+    """Whether to write staged files into `directory` with O_DIRECT: where it works and the disk
+    reads the bytes itself. Not on a memory file system (/dev/shm), which accepts O_DIRECT on
+    Linux >= 6.6 but copies the bytes in the kernel all the same: there, buffered writes in
+    slices let each slice be hashed and copied while cached (`FileSink._hash_and_write`)."""
+    return filesystem_type(directory) not in MEMORY_FILESYSTEMS and supports_direct_io(directory)
+
+
+def filesystem_type(directory: str) -> str:
+    """The type of the file system that holds `directory` (from /proc/self/mounts; "" without it)."""
+    path = os.path.realpath(directory)
+    found, kind = "", ""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(found):  # the longest, and the last of equals
+                    found, kind = point, fields[2]
+    except OSError:
+        return ""
+    return kind

@@ -10,7 +10,6 @@ import contextlib
 import errno
 import mmap
 import os
-import re
 import threading
 import zlib
 from dataclasses import dataclass
@@ -346,58 +345,3 @@ def write_error(e: OSError, target: str) -> StagingError:
             "MLHPC_LOCAL_DIR to a larger one, then rerun to resume"
         )
     return StagingError(f"cannot write {target}: {e.strerror}; check the node-local directory")
-
-
-def supports_direct_io(directory: str) -> bool:
-    """Whether O_DIRECT writes work in `directory` (not on tmpfs of older kernels, not on some FUSE)."""
-    if not hasattr(os, "O_DIRECT"):
-        return False
-    probe = os.path.join(directory, f".mlhpc-direct-probe-{os.getpid()}")
-    buffer = mmap.mmap(-1, ALIGN)
-    made = False
-    try:
-        # O_EXCL: a file of that name that is there already (a user's) is neither written nor removed.
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_DIRECT, 0o644)
-        made = True
-        try:
-            os.pwrite(fd, buffer, 0)
-        finally:
-            os.close(fd)
-        return True
-    except OSError:
-        return False
-    finally:
-        buffer.close()
-        if made:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(probe)
-
-
-MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
-
-
-def direct_writes_pay(directory: str) -> bool:
-    """Whether to write staged files into `directory` with O_DIRECT: where it works and the disk
-    reads the bytes itself. Not on a memory file system (/dev/shm), which accepts O_DIRECT on
-    Linux >= 6.6 but copies the bytes in the kernel all the same: there, buffered writes in
-    slices let each slice be hashed and copied while cached (`FileSink._hash_and_write`)."""
-    return filesystem_type(directory) not in MEMORY_FILESYSTEMS and supports_direct_io(directory)
-
-
-def filesystem_type(directory: str) -> str:
-    """The type of the file system that holds `directory` (from /proc/self/mounts; "" without it)."""
-    path = os.path.realpath(directory)
-    found, kind = "", ""
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
-                inside = path == point or path.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(found):  # the longest, and the last of equals
-                    found, kind = point, fields[2]
-    except OSError:
-        return ""
-    return kind

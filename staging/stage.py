@@ -29,11 +29,11 @@ from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.destination import agree_destination, lock_destination, refuse_overlap
 from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
 from mlhpc.staging.finish import finish_node
-from mlhpc.staging.iopath import choose_io
+from mlhpc.staging.iopath import choose_io, direct_writes_pay
 from mlhpc.staging.journal import close_journal, read_journals
 from mlhpc.staging.plan import node_files
 from mlhpc.staging.request import StageReport, StageRequest
-from mlhpc.staging.sink import SinkOptions, Staged, direct_writes_pay, forget_checked_dirs
+from mlhpc.staging.sink import SinkOptions, Staged, forget_checked_dirs
 from mlhpc.staging.source import describe_source, needed_bytes
 
 log = logging.getLogger(__name__)

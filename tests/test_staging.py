@@ -39,7 +39,7 @@ from mlhpc.staging import copy as copy_module
 from mlhpc.staging import journal as journal_module
 from mlhpc.staging.copy import TAIL_PIECE_BYTES, CopyJob, copy_file, read_spans
 from mlhpc.staging.destination import check_free_space, prepare_destination
-from mlhpc.staging.iopath import resident_bytes
+from mlhpc.staging.iopath import direct_writes_pay, filesystem_type, resident_bytes, supports_direct_io
 from mlhpc.staging.journal import JOURNAL_BATCH, Journal, close_journal, read_journals
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.origin import RACY_NS
@@ -53,9 +53,6 @@ from mlhpc.staging.sink import (
     FileSink,
     SinkOptions,
     Staged,
-    direct_writes_pay,
-    filesystem_type,
-    supports_direct_io,
 )
 from mlhpc.staging.study.model import Cluster, model_table, staging_time
 from tests.conftest import cli_env, dataset_files, lock_held_elsewhere
