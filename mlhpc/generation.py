@@ -16,17 +16,17 @@ DATASET_COMPLETE from the last; the manifest lists every file it wrote. So:
 The folder's lock is held from the first look to the last marker: a second generator into the
 same folder (two `mlhpc generate`, two scripts sharing a cache) is refused in one line instead of
 taking the first one's half-written files for a killed generation's and removing them.
+
+The dataset's expected size is dataset_size.py's; the progress shown while writing,
+generation_progress.py's.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
 import stat
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +40,8 @@ from mlhpc.common.errors import DataError, MlhpcError
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.locks import LOCK_NAME, folder_lock
 from mlhpc.common.safe_read import read_bytes
+from mlhpc.dataset_size import dataset_bytes, human_size
+from mlhpc.generation_progress import GenerationProgress, folder_bytes
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest
 
 
@@ -196,90 +198,9 @@ def _holds_anything(folder: Path) -> bool:
     return not folder.is_dir() or any(entry.name != LOCK_NAME for entry in folder.iterdir())
 
 
-# ---------------------------------------------------------------- sizes and free space
+# ---------------------------------------------------------------- room on the disk, --allow-size
 ASK_ABOVE_BYTES = 4 * 2**30
 """A synthetic dataset larger than this is generated only with --allow-size naming its size."""
-_MANIFEST_BYTES_PER_FILE = 200  # one manifest line per file: path, size, checksum
-_NPY_HEADER = 128
-_HDF5_FILE_BYTES = 4096  # superblock, object headers and the chunk index of a small HDF5 file
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)(b?)\s*\Z", re.IGNORECASE)
-
-
-def split_counts(data: Any, num_samples: int | None) -> tuple[int, int]:
-    """(train, eval) samples a generator writes: the config's, or `num_samples` with the config's
-    ratio (the rule every benchmark's `generate` follows)."""
-    if num_samples is None:
-        return data.num_train_samples, data.num_eval_samples
-    return num_samples, max(1, round(num_samples * data.num_eval_samples / data.num_train_samples))
-
-
-def dataset_bytes(benchmark: str, cfg: Any, num_samples: int | None = None) -> int | None:
-    """About how many bytes `mlhpc generate` writes for this config (the data files, their
-    headers and the manifest), from the config alone; None for a benchmark whose layout this
-    does not know (a plugin's), whose generation then goes unchecked."""
-    sizer = _SIZERS.get(benchmark)
-    if sizer is None:
-        return None
-    train, evaluation = split_counts(cfg.data, num_samples)
-    per_sample, files_per_sample, fixed = sizer(cfg.data)
-    samples = train + evaluation
-    return samples * (per_sample + files_per_sample * _MANIFEST_BYTES_PER_FILE) + fixed
-
-
-def _cosmoflow(d: Any) -> tuple[int, int, int]:
-    data = d.sample_size**3 * d.num_channels * 2 + _NPY_HEADER  # int16 counts
-    label = 4 * 4 + _NPY_HEADER  # 4 float32 targets
-    return data + label + 2 * 40, 2, 4096  # a line in each file list per sample; the lists' folders
-
-
-def _deepcam(d: Any) -> tuple[int, int, int]:
-    pixels = d.height * d.width
-    data, label = pixels * d.num_channels * 4, pixels * 4  # float32 fields, int32 classes
-    if d.format == "numpy":
-        return data + label + 2 * _NPY_HEADER, 2, _HDF5_FILE_BYTES
-    return data + label + _HDF5_FILE_BYTES, 1, _HDF5_FILE_BYTES  # stats.h5 besides
-
-
-def _extreme_weather(d: Any) -> tuple[int, int, int]:
-    image = d.num_channels * d.height * d.width * 4 + d.max_boxes * 5 * 4 + 64  # + its chunk's index entry
-    return image, 0, 1000 * _HDF5_FILE_BYTES  # a file a year (1,460 samples): a bounded few
-
-
-_SIZERS: dict[str, Callable[[Any], tuple[int, int, int]]] = {
-    "cosmoflow": _cosmoflow,
-    "deepcam": _deepcam,
-    "extreme_weather": _extreme_weather,
-}
-"""bytes per sample, files per sample, bytes per dataset: each built-in generator's layout."""
-
-
-def human_size(count: int, *, round_up: bool = True) -> str:
-    """`9.9 TB`, `417 MB` (decimal units); rounded up by default, so that a size shown to a person
-    and typed back as --allow-size covers the real one; `round_up=False` for free space."""
-    units = ("B", "KB", "MB", "GB", "TB", "PB")
-    count = int(count)
-    power = 0
-    while power < len(units) - 1 and count >= 1000 ** (power + 1):
-        power += 1
-    scale = 1000**power if power == 0 or count >= 100 * 1000**power else 1000**power // 10
-    whole = -(-count // scale) if round_up else count // scale  # integers: exact at every size
-    text = str(whole) if scale == 1000**power else f"{whole // 10}.{whole % 10}"
-    return f"{text} {units[power]}"
-
-
-def parse_size(text: str) -> int:
-    """`9.9TB`, `500 GB`, `4GiB`, `1000000` -> bytes; ValueError naming the fix otherwise."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
-    number, prefix, binary, _ = match.groups()
-    scale = _UNITS[prefix.lower()]
-    if binary:
-        if not prefix:
-            raise ValueError(f"{text!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
-        scale = 2 ** (10 * "kmgtp".index(prefix.lower()) + 10)
-    return math.ceil(float(number) * scale)
 
 
 def free_bytes(target: Path) -> tuple[Path, int]:
@@ -360,86 +281,3 @@ def check_room(
             f"{what} would write about {shown} of synthetic data into {target} ({room}){given}; "
             f"pass --allow-size {shown.replace(' ', '')} to generate it, or {other_fix}"
         )
-
-
-# ---------------------------------------------------------------- progress while generating
-class GenerationProgress:
-    """While a generation runs: after a few quiet seconds, how much of `expected` bytes is written
-    and the time left, as a bar at a terminal or a line every PLAIN_EVERY_S in a job's output. It
-    measures the folder from a thread, so any generator's files count."""
-
-    QUIET_S = 3.0
-    PLAIN_EVERY_S = 30.0
-
-    def __init__(self, folder: Path, expected: int | None, stream: Any = None) -> None:
-        self.folder, self.expected = Path(folder), expected
-        self.stream = stream if stream is not None else sys.stderr
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.lines = 0
-
-    def __enter__(self) -> GenerationProgress:
-        if self.expected:
-            self._thread = threading.Thread(target=self._watch, name="mlhpc-generation-progress", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _watch(self) -> None:
-        started = time.monotonic()
-        if self._stop.wait(self.QUIET_S):
-            return
-        terminal = getattr(self.stream, "isatty", lambda: False)()
-        every = 1.0 if terminal else self.PLAIN_EVERY_S
-        while True:
-            t0 = time.monotonic()
-            written = folder_bytes(self.folder)
-            # A walk of a huge folder is slow; wait several walks' time so it stays a small share.
-            line = progress_text(written, self.expected or 1, time.monotonic() - started)
-            if terminal:
-                self.stream.write(f"\r{line}\x1b[K")
-            else:
-                self.stream.write(line + "\n")
-            self.stream.flush()
-            self.lines += 1
-            if self._stop.wait(max(every, 10 * (time.monotonic() - t0))):
-                break
-        if terminal:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def progress_text(written: int, expected: int, elapsed_s: float) -> str:
-    """`generating: 1.2 GB of 9.9 TB (0 %), 2:13:05 left` (no estimate before any bytes)."""
-    from mlhpc.common.progress import clock
-
-    share = min(written / expected, 1.0) if expected > 0 else 1.0
-    left = f", {clock(elapsed_s * (1 - share) / share)} left" if share > 0 else ""
-    return (
-        f"generating: {human_size(written, round_up=False)} of about {human_size(expected)} "
-        f"({share * 100:.0f} %){left}"
-    )
-
-
-def folder_bytes(folder: Path) -> int:
-    """The bytes of the files under `folder` now (files vanishing meanwhile are skipped)."""
-    total = 0
-    stack = [folder]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(Path(entry.path))
-                        elif entry.is_file(follow_symlinks=False):
-                            total += entry.stat(follow_symlinks=False).st_size
-                    except OSError:
-                        continue
-        except OSError:
-            continue
-    return total

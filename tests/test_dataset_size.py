@@ -17,17 +17,9 @@ from hypothesis import strategies as st
 from mlhpc.common import catalog
 from mlhpc.common.config import load_config
 from mlhpc.common.errors import DataError
-from mlhpc.generation import (
-    ASK_ABOVE_BYTES,
-    GenerationProgress,
-    SizeCheck,
-    check_room,
-    dataset_bytes,
-    folder_bytes,
-    generate_dataset,
-    human_size,
-    parse_size,
-)
+from mlhpc.dataset_size import dataset_bytes, human_size, parse_size
+from mlhpc.generation import ASK_ABOVE_BYTES, SizeCheck, check_room, generate_dataset
+from mlhpc.generation_progress import GenerationProgress, folder_bytes
 from tests.conftest import mlhpc_cli
 from tests.test_cli_errors import one_error_line
 

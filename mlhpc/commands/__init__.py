@@ -29,7 +29,7 @@ def add_command(
 
 def size_argument(text: str) -> int:
     """--allow-size's value (`9.9TB`, `500GB`, `4GiB`) in bytes, for argparse's `type=`."""
-    from mlhpc.generation import parse_size
+    from mlhpc.dataset_size import parse_size
 
     try:
         return parse_size(text)

@@ -33,7 +33,8 @@ def _generate(args: argparse.Namespace) -> int:
     from mlhpc.common import catalog
     from mlhpc.common.config import load_config
     from mlhpc.common.writable import check_writable_dir
-    from mlhpc.generation import SizeCheck, check_size, dataset_bytes, generate_dataset
+    from mlhpc.dataset_size import dataset_bytes
+    from mlhpc.generation import SizeCheck, check_size, generate_dataset
 
     if args.samples is not None and args.samples < 1:
         raise ConfigError(
