@@ -100,7 +100,9 @@ class DistContext:
         if not self.distributed:
             return obj
         if self._hvd is not None:
-            return self._hvd.broadcast_object(obj, root_rank=src)
+            # A fixed name: Horovod's default is the object's type, which differs between the
+            # root's object and the others' placeholders (None), and the ranks then wait forever.
+            return self._hvd.broadcast_object(obj, root_rank=src, name="mlhpc.broadcast_object")
         box = [obj]
         dist.broadcast_object_list(box, group=self.group, group_src=src)
         return box[0]
@@ -113,7 +115,7 @@ class DistContext:
         if not self.distributed:
             return [obj]
         if self._hvd is not None:
-            return list(self._hvd.allgather_object(obj))
+            return list(self._hvd.allgather_object(obj, name="mlhpc.all_gather_object"))
         parts: list[Any] = [None] * self.world_size
         # NCCL pickles through tensors on the current CUDA device (_pick_device set it).
         dist.all_gather_object(parts, obj, group=self.group)

@@ -117,7 +117,8 @@ class Training:
         else:
             self.scaler.step(optimizer)
             self.scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        # set_to_none is torch's default; Horovod's optimizer (0.28) takes no argument.
+        optimizer.zero_grad()
         if self.scheduler is not None:
             self.scheduler.step()
 
