@@ -1,6 +1,7 @@
 """Pure scoring functions, as `mlperf_logging.result_summarizer` computes HPC scores.
 
-None of them changes its inputs or touches the file system. The RCP scaling factor (from
+None of them changes its inputs or touches the file system (HPC AI500's target excepted: it is read
+once from the benchmark's rule file, `common/hpc_ai500.py`). The RCP scaling factor (from
 `rcp.check_rcp`) is applied in `apply_scaling_factor`.
 """
 
@@ -10,6 +11,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+# HPC AI500's formulas and target live in common/, beside the benchmark that logs the same score.
+from mlhpc.common.hpc_ai500 import run_flops
+from mlhpc.common.hpc_ai500 import target as hpc_ai500_target
+from mlhpc.common.hpc_ai500 import valid_flops as valid_flops_penalty
 
 if TYPE_CHECKING:
     from .logparse import RunLog
@@ -135,43 +141,6 @@ def weak_score(runs: Sequence[RunTiming], required_models: int) -> WeakScore | N
     return WeakScore(num_models=len(counted), total_min=total, models_per_min=per_min)
 
 
-def valid_flops_penalty(flops: float, quality: float, target: float, exponent: float) -> float:
-    """HPC AI500's Valid FLOPS: FLOPS × (quality / target)^n, the score of a fixed-epoch run.
-
-    Source: HPC AI500 V2.0 (Jiang et al., "HPC AI500 V2.0: The Methodology, Tools, and Metrics for
-    Benchmarking HPC AI Systems", arXiv:2007.00279; ranking at benchcouncil.org/HPCAI500/ranking.html):
-    Valid FLOPS = FLOPS × penalty, penalty = (achieved quality / target quality)^n, a penalty for
-    missing the target (above it the factor exceeds 1, applied as published). n = 5 is their image
-    classification value; none is published for extreme weather, so the benchmark logs its n as
-    `vflops_exponent` (quality.vflops_exponent, 5 by default). Quality is higher-is-better (mAP).
-    """
-    if not (math.isfinite(target) and target > 0):
-        raise ValueError(f"target quality {target} must be positive and finite")
-    if not (math.isfinite(exponent) and exponent > 0):
-        raise ValueError(f"Valid FLOPS exponent n={exponent} must be positive and finite")
-    if not (math.isfinite(quality) and quality >= 0 and math.isfinite(flops) and flops >= 0):
-        raise ValueError(f"FLOPS {flops} and quality {quality} must be finite and not negative")
-    return flops * (quality / target) ** exponent
-
-
-def run_flops(flops_per_sample: float, train_samples: float, epochs: int, run_seconds: float) -> float | None:
-    """HPC AI500's FLOPS of a run: its training FLOPs over its time, run_start to run_stop.
-
-    Training FLOPs = forward + backward FLOPs per sample × samples an epoch × epochs trained; the time
-    is the whole run (data loading, evaluation and communication included), not the compute seconds.
-    None when a value is not a finite, positive number (then the run has no FLOPS to score).
-    """
-    values = (flops_per_sample, train_samples, float(epochs), run_seconds)
-    if not all(math.isfinite(v) for v in values) or run_seconds <= 0 or min(values) < 0:
-        return None
-    return flops_per_sample * train_samples * epochs / run_seconds
-
-
-HPC_AI500_TARGETS = {"extreme_weather": 0.35}
-"""Target quality of each HPC AI500 benchmark, as its rule file checks it in target mode
-(benchmarks/extreme_weather/closed_extreme_weather.yaml: mAP@0.5 >= 0.35)."""
-
-
 @dataclass(frozen=True)
 class FixedEpochScore:
     """HPC AI500's score of one fixed-epoch run: FLOPS over run_start..run_stop and Valid FLOPS."""
@@ -203,7 +172,7 @@ def fixed_epoch_score(
     minutes: float | None,
 ) -> FixedEpochScore | None:
     """Score a fixed-epoch run from what its log holds; None when something to score it is missing."""
-    target = HPC_AI500_TARGETS.get(benchmark or "")
+    target = hpc_ai500_target(benchmark)
     if target is None or not evals or None in (flops_per_sample, train_samples, exponent, minutes):
         return None
     assert flops_per_sample is not None and train_samples is not None and exponent is not None

@@ -12,12 +12,11 @@ import torch
 
 from mlhpc.benchmarks.extreme_weather import data, synthetic, train
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
-from mlhpc.common import registry
+from mlhpc.common import hpc_ai500, registry
 from mlhpc.common.config import load_config
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError, DataError
 from mlhpc.common.layout import required_run_count
-from mlhpc.common.loop import RunResult
 from mlhpc.common.registry import DataBundle
 
 SMALL = ["data.height=64", "data.width=96", "data.num_train_samples=12", "data.num_eval_samples=4"]
@@ -205,29 +204,14 @@ def test_map_matches_a_hand_computed_case() -> None:
 
 
 def test_valid_flops_arithmetic() -> None:
-    assert train.valid_flops(1e12, 0.35, 0.35, 5) == pytest.approx(1e12)
-    assert train.valid_flops(1e12, 0.175, 0.35, 5) == pytest.approx(1e12 / 32)
-    assert train.valid_flops(2e9, 0.42, 0.35, 5) == pytest.approx(2e9 * 1.2**5)
+    assert hpc_ai500.valid_flops(1e12, 0.35, 0.35, 5) == pytest.approx(1e12)
+    assert hpc_ai500.valid_flops(1e12, 0.175, 0.35, 5) == pytest.approx(1e12 / 32)
+    assert hpc_ai500.valid_flops(2e9, 0.42, 0.35, 5) == pytest.approx(2e9 * 1.2**5)
     with pytest.raises(ValueError, match="target quality 0"):
-        train.valid_flops(1.0, 0.5, 0.0, 5)
+        hpc_ai500.valid_flops(1.0, 0.5, 0.0, 5)
 
 
-def test_run_end_events_use_the_last_evaluation(ew_cfg: Callable[..., ExtremeWeatherConfig]) -> None:
-    result = RunResult(
-        status="success",
-        epochs=2,
-        metrics=[0.2, 0.42],
-        run_seconds=10.0,
-        train_samples_per_s=3.0,
-        flops_per_sample=5e9,
-        achieved_flops_per_s=2e10,
-    )
-    events = train.run_end_events(ew_cfg(), result)
-    assert events == {
-        "flops_per_sample": 5e9,
-        "achieved_flops_per_s": 2e10,
-        "valid_flops": pytest.approx(2e10 * (0.42 / 0.35) ** 5),
-    }
+# run_end_events: tests/test_hpc_ai500_source.py (Valid FLOPS over the run's time).
 
 
 def test_lr_schedule_warms_up_then_decays(ew_cfg: Callable[..., ExtremeWeatherConfig]) -> None:

@@ -7,8 +7,11 @@ from typing import Any
 
 import torch
 
+from mlhpc.benchmarks.extreme_weather import BENCHMARK
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
+from mlhpc.common import catalog, hpc_ai500
 from mlhpc.common.distributed import DistContext
+from mlhpc.common.errors import ConfigError
 from mlhpc.common.log_keys import (
     ACHIEVED_FLOPS,
     FLOPS_PER_SAMPLE,
@@ -17,15 +20,6 @@ from mlhpc.common.log_keys import (
     VFLOPS_EXPONENT,
 )
 from mlhpc.common.loop import RunResult
-
-
-def valid_flops(flops: float, achieved: float, target: float, exponent: float) -> float:
-    """HPC AI500's Valid FLOPS: flops x (achieved / target) ** exponent (quality higher is better)."""
-    if target <= 0:
-        raise ValueError(f"target quality {target} must be positive")
-    if achieved < 0 or flops < 0:
-        raise ValueError(f"FLOPS {flops} and achieved quality {achieved} must not be negative")
-    return flops * (achieved / target) ** exponent
 
 
 def scaled_learning_rate(cfg: ExtremeWeatherConfig) -> float:
@@ -103,11 +97,19 @@ def hyperparameters(cfg: ExtremeWeatherConfig, ctx: DistContext) -> dict[str, An
 
 
 def run_end_events(cfg: ExtremeWeatherConfig, result: RunResult) -> dict[str, Any]:
-    """FLOPs per sample, achieved FLOP/s and Valid FLOPS at the last evaluation's mAP."""
-    achieved = result.metrics[-1] if result.metrics else 0.0
-    flops = result.achieved_flops_per_s
+    """FLOPs per sample, achieved FLOP/s (over forward + backward seconds, a diagnostic) and HPC
+    AI500's Valid FLOPS: the run's FLOPS over its own time (run_start .. run_stop, as `mlhpc check`
+    scores it) x (last evaluation's mAP / the rule file's target)^n."""
+    quality = result.metrics[-1] if result.metrics else 0.0
+    quality = quality if math.isfinite(quality) and quality > 0 else 0.0  # an aborted run's NaN scores 0
+    flops = hpc_ai500.run_flops(
+        result.flops_per_sample, result.train_samples, result.epochs, result.run_seconds
+    )
+    target = hpc_ai500.target(BENCHMARK.name)
+    if target is None:  # only when the catalog lost this benchmark's rule file
+        raise ConfigError(f"no HPC AI500 target for {BENCHMARK.name}; {catalog.REINSTALL}")
     return {
         FLOPS_PER_SAMPLE: result.flops_per_sample,
-        ACHIEVED_FLOPS: flops,
-        VALID_FLOPS: valid_flops(flops, max(achieved, 0.0), cfg.loop.target, cfg.quality.vflops_exponent),
+        ACHIEVED_FLOPS: result.achieved_flops_per_s,
+        VALID_FLOPS: hpc_ai500.valid_flops(flops or 0.0, quality, target, cfg.quality.vflops_exponent),
     }
