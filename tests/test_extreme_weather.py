@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlhpc.benchmarks.extreme_weather import data, synthetic, train
+from mlhpc.benchmarks.extreme_weather import data, evaluation, synthetic, train
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
 from mlhpc.common import hpc_ai500, registry
 from mlhpc.common.config import load_config
@@ -186,7 +186,7 @@ def test_map_matches_a_hand_computed_case() -> None:
     """Class 1: two boxes, detections hit (0.9), miss (0.8), hit (0.7) -> precision 1 up to recall 0.5,
     then 2/3; COCO's 101-point interpolation gives AP = (51 + 50 * 2/3) / 101. Class 2: the only
     detection overlaps its box with IoU 0.4 < 0.5 -> AP 0. mAP@0.5 is their mean."""
-    metric = data.mean_average_precision()
+    metric = evaluation.mean_average_precision()
     target = {
         "boxes": torch.tensor([[0, 0, 10, 10], [20, 20, 30, 30], [50, 50, 60, 60]], dtype=torch.float32),
         "labels": torch.tensor([1, 1, 2]),

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.benchmarks.extreme_weather import data
+from mlhpc.benchmarks.extreme_weather import evaluation
 
 Image = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
@@ -40,7 +40,7 @@ def images(draw: st.DrawFn) -> Image:
 
 def one_process_map(validation: list[Image]) -> float:
     """The mAP one rank computes over the whole validation set, one image at a time."""
-    metric = data.mean_average_precision()
+    metric = evaluation.mean_average_precision()
     for detections, target in validation:
         metric.update([detections], [target])
     return max(float(metric.compute()["map"]), 0.0) if validation else 0.0
@@ -50,8 +50,8 @@ def one_process_map(validation: list[Image]) -> float:
 @given(validation=st.lists(images(), max_size=10), world=st.integers(min_value=1, max_value=8))
 def test_gathered_map_of_any_shards_is_the_one_process_map(validation: list[Image], world: int) -> None:
     shards = [validation[rank::world] for rank in range(world)]  # build_data's round-robin shards
-    assert data.merge_shards(shards) == validation
-    assert data.gathered_map(shards) == one_process_map(validation)
+    assert evaluation.merge_shards(shards) == validation
+    assert evaluation.gathered_map(shards) == one_process_map(validation)
 
 
 @settings(max_examples=100, deadline=None)
@@ -62,11 +62,11 @@ def test_shards_that_round_robin_cannot_give_are_refused(lengths: list[int]) -> 
     total, world = sum(lengths), len(lengths)
     parts = [list(range(n)) for n in lengths]
     if lengths == [len(range(rank, total, world)) for rank in range(world)]:
-        assert len(data.merge_shards(parts)) == total
+        assert len(evaluation.merge_shards(parts)) == total
     else:
         with pytest.raises(ValueError, match="round-robin"):
-            data.merge_shards(parts)
+            evaluation.merge_shards(parts)
 
 
 def test_an_empty_validation_set_scores_zero() -> None:
-    assert data.gathered_map([[], [], []]) == 0.0
+    assert evaluation.gathered_map([[], [], []]) == 0.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlhpc.benchmarks.extreme_weather import data
+from mlhpc.benchmarks.extreme_weather import evaluation
 from tests.conftest import mllog_events
 from tests.test_distributed import torchrun
 
@@ -22,7 +22,7 @@ EVALUATE = """
 import json, sys
 from pathlib import Path
 import torch
-from mlhpc.benchmarks.extreme_weather import data
+from mlhpc.benchmarks.extreme_weather import evaluation
 from mlhpc.common.distributed import init_distributed, shutdown_distributed
 
 class FixedDetector(torch.nn.Module):
@@ -40,7 +40,7 @@ instances = int(sys.argv[2])
 ctx = world.split(instances)
 target = {"boxes": torch.tensor([[2.0, 2.0, 10.0, 10.0]]), "labels": torch.tensor([1])}
 loader = [(torch.zeros(2, 1, 16, 16), [target, target])]
-value = data.evaluate(FixedDetector(right=world.rank == 0), loader, ctx)
+value = evaluation.evaluate(FixedDetector(right=world.rank == 0), loader, ctx)
 Path(sys.argv[1], f"rank{world.rank}.json").write_text(json.dumps({"map": value, "instance": ctx.instance}))
 shutdown_distributed()
 """
@@ -65,7 +65,7 @@ UNEVEN = """
 import json, sys
 from pathlib import Path
 import torch
-from mlhpc.benchmarks.extreme_weather import data
+from mlhpc.benchmarks.extreme_weather import evaluation
 from mlhpc.common.distributed import init_distributed, shutdown_distributed
 from tests.test_metric_sync import detections, snapshots
 
@@ -81,7 +81,7 @@ for total in json.loads(sys.argv[2]):
     mine = [s for index, s in enumerate(snapshots(total)) if index % ctx.world_size == ctx.rank]
     loader = [(torch.stack([image for image, _ in mine[i:i + 2]]), [t for _, t in mine[i:i + 2]])
               for i in range(0, len(mine), 2)]
-    report[total] = {"map": data.evaluate(IndexDetector(), loader, ctx), "images": len(mine)}
+    report[total] = {"map": evaluation.evaluate(IndexDetector(), loader, ctx), "images": len(mine)}
 Path(sys.argv[1], f"rank{ctx.rank}.json").write_text(json.dumps(report))
 shutdown_distributed()
 """
@@ -128,7 +128,7 @@ def test_extreme_weather_map_on_uneven_shards_is_the_one_rank_map(tmp_path: Path
     for total in totals:
         assert [r[str(total)]["images"] for r in reports] == [(total + 1) // 2, total // 2]
         images = snapshots(total)
-        one_rank = data.map_at_iou([detections(i) for i in range(total)], [t for _, t in images])
+        one_rank = evaluation.map_at_iou([detections(i) for i in range(total)], [t for _, t in images])
         assert 0.0 < one_rank < 1.0
         assert [r[str(total)]["map"] for r in reports] == [one_rank, one_rank], total
 

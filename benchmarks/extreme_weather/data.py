@@ -1,4 +1,5 @@
-"""ExtremeWeather data: the published HDF5 layout, its checks, the loader and the mAP evaluation.
+"""ExtremeWeather data: the published HDF5 layout, its checks and the loader (the mAP evaluation is
+evaluation.py's).
 
 <root>/{train,validation}/climo_<year>.h5   one file per year (1,460 snapshots in the published set)
     images  (N, 16, H, W) float32   channels in the order of `synthetic.CHANNELS`
@@ -10,10 +11,9 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import h5py
 import numpy as np
@@ -35,8 +35,6 @@ BOXES = "boxes"
 STATS_FILE = "stats.h5"
 FILE_GLOB = "climo_*.h5"
 FIRST_YEAR = 1979
-IOU_THRESHOLD = 0.5
-"""HPC AI500's quality is mAP at IoU 0.5."""
 # Without stats.h5, the channel statistics come from at most this many training snapshots.
 STATS_SAMPLE_IMAGES = 64
 
@@ -376,76 +374,3 @@ def build_data(cfg: ExtremeWeatherConfig, data_dir: Path, ctx: DistContext, seed
         eval_samples=len(validation),
         set_epoch=sampler.set_epoch,
     )
-
-
-# ---------------------------------------------------------------- quality
-Boxes = dict[str, torch.Tensor]
-"""One image's detections (boxes, scores, labels) or target (boxes, labels)."""
-_Item = TypeVar("_Item")
-
-
-def mean_average_precision() -> Any:
-    """torchmetrics' COCO mAP (pycocotools backend) at IoU 0.5 only: HPC AI500's mAP@[IoU=0.5].
-    It never syncs: torchmetrics syncs one tensor per image, a different number of collectives
-    on ranks holding different numbers of images; `evaluate` gathers every image first."""
-    from torchmetrics.detection import MeanAveragePrecision
-
-    return MeanAveragePrecision(
-        box_format="xyxy",
-        iou_type="bbox",
-        iou_thresholds=[IOU_THRESHOLD],
-        backend="pycocotools",
-        sync_on_compute=False,
-        distributed_available_fn=lambda: False,
-    )
-
-
-def map_at_iou(detections: Sequence[Boxes], targets: Sequence[Boxes]) -> float:
-    """mAP@0.5 of these images' detections, in one process; 0 when there is nothing to score
-    (COCO reports -1)."""
-    if not detections:
-        return 0.0
-    metric = mean_average_precision()
-    metric.update(list(detections), list(targets))
-    return max(float(metric.compute()["map"]), 0.0)
-
-
-def merge_shards(parts: Sequence[Sequence[_Item]]) -> list[_Item]:
-    """The ranks' round-robin validation shards (rank r of W holds samples r, r+W, ...) back in
-    sample order, so that the gathered mAP is the one-process mAP exactly: COCO breaks score ties
-    by image order."""
-    world, total = len(parts), sum(len(part) for part in parts)
-    merged: list[Any] = [None] * total
-    for rank, part in enumerate(parts):
-        expected = len(range(rank, total, world))
-        if len(part) != expected:
-            raise ValueError(
-                f"rank {rank} of {world} evaluated {len(part)} of the {total} validation snapshots, "
-                f"where the round-robin shards give it {expected}"
-            )
-        merged[rank::world] = part
-    return merged
-
-
-def evaluate(model: torch.nn.Module, loader: Any, ctx: DistContext) -> float:
-    """mAP@0.5 over every validation snapshot of this model's ranks (one instance's group in a
-    weak-scaling job): one gather of every rank's detections and targets, whatever the number of
-    snapshots each holds, then the same mAP on every rank."""
-    local: list[tuple[Boxes, Boxes]] = []
-    for images, targets in loader:
-        detections = model(images.to(ctx.device))
-        for found, target in zip(detections, targets, strict=True):
-            local.append(
-                (
-                    {k: found[k].detach().cpu() for k in ("boxes", "scores", "labels")},
-                    {k: target[k].cpu() for k in ("boxes", "labels")},
-                )
-            )
-    return gathered_map(ctx.all_gather_object(local))
-
-
-def gathered_map(parts: Sequence[Sequence[tuple[Boxes, Boxes]]]) -> float:
-    """mAP@0.5 of every rank's (detections, target) pairs, as one process over the whole
-    validation set computes it."""
-    images = merge_shards(parts)
-    return map_at_iou([found for found, _ in images], [target for _, target in images])

@@ -1,7 +1,7 @@
 """Extreme weather's torch side: the functions the shared loop calls, bound to its catalog entry
 by `registry.get("extreme_weather")`."""
 
-from mlhpc.benchmarks.extreme_weather import data, model, train
+from mlhpc.benchmarks.extreme_weather import data, evaluation, model, train
 from mlhpc.common.registry import BenchmarkFunctions
 
 FUNCTIONS = BenchmarkFunctions(
@@ -11,7 +11,7 @@ FUNCTIONS = BenchmarkFunctions(
     build_data=data.build_data,
     build_optimizer=train.build_optimizer,
     compute_loss=train.compute_loss,
-    evaluate=data.evaluate,
+    evaluate=evaluation.evaluate,
     hyperparameters=train.hyperparameters,
     run_end_events=train.run_end_events,
 )
