@@ -42,15 +42,25 @@ MMAP = re.compile(r"^mmap\([^,]+, (\d+), [^,]+, [^,]+, \d+<([^>]*)>.*\)\s+=\s+(0
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def dataset(vcluster: VCluster) -> Iterator[Path]:
     """12 files (7.6 MB, one in a subfolder) with their manifest, on the shared file system."""
-    root = tmp_path_factory.mktemp("shared") / "data"
+    root = vcluster.shared / f"data-{uuid.uuid4().hex[:8]}"
     (root / "sub").mkdir(parents=True)
     for i, size in enumerate(SIZES):
         (root / f"f{i:02d}.bin").write_bytes(os.urandom(size))
     (root / "sub" / "g.bin").write_bytes(os.urandom(333_333))
     subprocess.run([Path(sys.executable).parent / "mlhpc", "manifest", root], check=True, capture_output=True)
-    return root
+    yield root
+    shutil.rmtree(root)
+
+
+@pytest.fixture
+def traces(vcluster: VCluster) -> Iterator[Path]:
+    """A folder for the nodes' strace logs, on the shared file system."""
+    folder = vcluster.shared / f"traces-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    yield folder
+    shutil.rmtree(folder)
 
 
 @pytest.fixture
@@ -130,14 +140,14 @@ def needs_strace() -> None:
 
 
 def test_replicate_gives_every_node_all_files_reading_the_source_once(
-    vcluster: VCluster, dataset: Path, dest: str, tmp_path: Path
+    vcluster: VCluster, dataset: Path, dest: str, traces: Path
 ) -> None:
     needs_strace()
-    stage(vcluster, dataset, dest, "replicate", traces=tmp_path)
+    stage(vcluster, dataset, dest, "replicate", traces=traces)
     expected = data_files(dataset)
     for node in vcluster.nodes:
         assert data_files(vcluster.local_dir(node) / Path(dest).name) == expected, node
-    reads = source_reads(tmp_path, dataset)
+    reads = source_reads(traces, dataset)
     assert set(reads) == set(vcluster.nodes)  # every node's process was traced
     per_file = reads_per_file(reads)
     # each data file was read once in total, by one node, and sent to the others over the network
@@ -149,15 +159,15 @@ def test_replicate_gives_every_node_all_files_reading_the_source_once(
 
 
 def test_copy_reads_the_source_once_per_node(
-    vcluster: VCluster, dataset: Path, dest: str, tmp_path: Path
+    vcluster: VCluster, dataset: Path, dest: str, traces: Path
 ) -> None:
     """The control of the measurement above: every node reads every file itself."""
     needs_strace()
-    stage(vcluster, dataset, dest, "copy", traces=tmp_path)
+    stage(vcluster, dataset, dest, "copy", traces=traces)
     expected = data_files(dataset)
     for node in vcluster.nodes:
         assert data_files(vcluster.local_dir(node) / Path(dest).name) == expected, node
-    reads = source_reads(tmp_path, dataset)
+    reads = source_reads(traces, dataset)
     for node in vcluster.nodes:
         assert {p: reads[node][p] for p in expected} == {p: len(b) for p, b in expected.items()}, node
 

@@ -115,18 +115,31 @@ def test_up_under_30_s_and_srun_runs_on_every_node(vcluster: VCluster) -> None:
     assert len(netns) == NODES and os.readlink("/proc/self/ns/net") not in netns
 
 
-def test_each_task_sees_its_own_local(vcluster: VCluster) -> None:
+def test_each_task_sees_its_own_local_and_tmp(vcluster: VCluster) -> None:
     token = f"own-{uuid.uuid4().hex[:8]}"
+    mine = f"{token}-$(hostname)"
     try:
         out = vcluster.exec(
             "login",
-            ["srun", "-N", str(NODES), "sh", "-c", f"hostname > /local/{token}-$(hostname) && ls /local"],
+            [
+                "srun",
+                "-N",
+                str(NODES),
+                "sh",
+                "-c",
+                f"hostname | tee /local/{mine} /tmp/{mine} && ls /local /tmp",
+            ],
         ).stdout
         seen = sorted(name for name in out.split() if name.startswith(token))
-        assert seen == [f"{token}-{node}" for node in vcluster.nodes]  # each node lists only its own file
+        # each node lists only its own file, once in /local and once in /tmp
+        assert seen == sorted(2 * [f"{token}-{node}" for node in vcluster.nodes])
         for node in vcluster.nodes:
             assert (vcluster.local_dir(node) / f"{token}-{node}").read_text().strip() == node
+            assert (
+                vcluster.state_dir / "nodes" / node / "tmp" / f"{token}-{node}"
+            ).read_text().strip() == node
         assert not list(Path("/local").glob(f"{token}*")), "a node's /local wrote into the host's /local"
+        assert not list(Path("/tmp").glob(f"{token}*")), "a node's /tmp wrote into the host's /tmp"
     finally:
         for node in vcluster.nodes:
             (vcluster.local_dir(node) / f"{token}-{node}").unlink(missing_ok=True)

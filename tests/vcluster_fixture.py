@@ -3,8 +3,9 @@
 
 Fixture `vcluster` (session scope; a plugin named in tests/conftest.py, so a test just asks for
 it) yields a `VCluster`: its `name`, `state_dir`, `nodes` ("node01".."node04"), `addresses`
-(host name -> address, "login" included), `subnet`, `slurm_conf`, `up_wall_s`, each node's
-host-side /local folder (`local_dir`), and `exec(host, argv)`, which runs a command on a host of
+(host name -> address, "login" included), `subnet`, `slurm_conf`, `shared` (a folder every
+host sees; each node's /tmp is its own, as on a real cluster, so data for the nodes goes here, not
+in tmp_path), `up_wall_s`, each node's host-side /local folder (`local_dir`), and `exec(host, argv)`, which runs a command on a host of
 the cluster: "login" for clients (srun, sbatch, `mlhpc run --slurm`), "nodeNN" on a node. Never
 run a Slurm client, torchrun or mpirun from the host's own network namespace: its packets to the
 cluster's addresses would leave the machine (docs/MULTINODE.md). It skips, with the reason, where
@@ -115,6 +116,8 @@ class VCluster:
     addresses: dict[str, str]
     subnet: str
     slurm_conf: Path
+    shared: Path
+    """A folder every host sees at this path (the nodes' /tmp is their own); gone at down."""
     up_wall_s: float
     host_network_before: dict[str, list[str]] = field(repr=False)
 
@@ -174,6 +177,7 @@ def start_cluster(name: str, *args: str) -> VCluster:
         addresses={"login": status["login"]["address"], **{n["name"]: n["address"] for n in status["nodes"]}},
         subnet=status["subnet"],
         slurm_conf=Path(status["slurm_conf"]),
+        shared=Path(status["shared"]),
         up_wall_s=wall,
         host_network_before=before,
     )
@@ -190,7 +194,9 @@ def vcluster() -> Iterator[VCluster]:
     reason = vcluster_missing()
     if reason:
         pytest.skip(reason)
-    cluster = start_cluster(f"pt{os.getpid()}", "--nodes", str(NODES))
+    name = f"pt{os.getpid()}"
+    run_vcluster("down", "--name", name)  # a cluster of a killed session that had this PID
+    cluster = start_cluster(name, "--nodes", str(NODES))
     try:
         yield cluster
     finally:
