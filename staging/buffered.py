@@ -94,57 +94,35 @@ def copy_buffered(
     sticky). `check` runs before each slice after the first, and raises to stop the copy."""
     source = os.path.join(src_root, entry.path)
     view = _buffer()
-    try:
-        fd = open_regular(source, _READ)
-    except OSError as e:
-        raise source_error(e, source) from e
-    out = -1
-    target = tmp = ""
+    fd = _open_source(source)
     try:
         try:
             info = os.fstat(fd)
-            mode = info.st_mode & FILE_MODE_BITS
             n = os.readv(fd, [view[: min(entry.size + 1, SLICE_BYTES)]])
         except OSError as e:
             raise source_error(e, source) from e
         hasher = new_hasher(algorithm)
         hasher.update(view[:n])
         if n <= entry.size < SLICE_BYTES:  # the whole file is in: verify before writing anything
-            if n != entry.size:
-                raise changed(entry.path, n, entry.size)
-            if entry.checksum and hasher.hexdigest() != entry.checksum:
-                raise mismatch(entry, algorithm)
-        target = landing(
-            dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root)
-        )
-        partial = os.path.join(dest_root, partial_name(entry.path, token))
-        out = _create(partial, target, mode)
-        tmp = partial  # made by this call (O_EXCL): removed if the copy fails
-        received = n
-        while n:
-            _write_all(out, view[:n], target)
-            if received >= entry.size and n < SLICE_BYTES:
-                break  # a short read that reaches the listed size: the end (a grown file reads on)
-            check()
-            try:
-                n = os.readv(fd, [view[:SLICE_BYTES]])
-            except OSError as e:
-                raise source_error(e, source) from e
-            hasher.update(view[:n])
-            received += n
-        checksum = _verified(entry, algorithm, hasher, received)
-        if (moved := changed_while_copied(source, info, fd)) is not None:
-            raise moved
-        written, out = out, -1
-        _publish(written, tmp, target, mode, umask)
+            _verified(entry, algorithm, hasher, n)
+        with _Partial(dest_root, entry, token, info.st_mode & FILE_MODE_BITS) as partial:
+            received = n
+            while n:
+                _write_all(partial.fd, view[:n], partial.target)
+                if received >= entry.size and n < SLICE_BYTES:
+                    break  # a short read that reaches the listed size: the end (a grown file reads on)
+                check()
+                try:
+                    n = os.readv(fd, [view[:SLICE_BYTES]])
+                except OSError as e:
+                    raise source_error(e, source) from e
+                hasher.update(view[:n])
+                received += n
+            checksum = _verified(entry, algorithm, hasher, received)
+            if (moved := changed_while_copied(source, info, fd)) is not None:
+                raise moved
+            partial.publish(umask)
         return Staged(entry.path, received, checksum, entry.path, checksum, recorded_identity(info))
-    except BaseException:
-        if out >= 0:
-            os.close(out)
-        if tmp:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
     finally:
         os.close(fd)
 
@@ -165,12 +143,7 @@ def copy_kernel(
     before anything is written; one that shrinks or grows during the copy after it (the copy
     runs to the source's end). `check` runs before each slice after the first."""
     source = os.path.join(src_root, entry.path)
-    try:
-        fd = open_regular(source, _READ)
-    except OSError as e:
-        raise source_error(e, source) from e
-    out = -1
-    target = tmp = ""
+    fd = _open_source(source)
     try:
         try:
             info = os.fstat(fd)
@@ -178,52 +151,82 @@ def copy_kernel(
             raise source_error(e, source) from e
         if info.st_size != entry.size:
             raise changed(entry.path, info.st_size, entry.size)
-        mode = info.st_mode & FILE_MODE_BITS
-        target = landing(
-            dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root)
-        )
-        partial = os.path.join(dest_root, partial_name(entry.path, token))
-        out = _create(partial, target, mode, _READ_WRITE)
-        tmp = partial  # made by this call (O_EXCL): removed if the copy fails
-        hasher = new_hasher(algorithm)
-        copied = 0
-        kernel_copy = True
-        while True:
-            if copied:
-                check()
-            try:
-                if kernel_copy:  # the source at an offset, the copy at its file position
-                    n = os.copy_file_range(fd, out, KERNEL_SLICE_BYTES, copied)
-                else:
-                    n = os.sendfile(out, fd, copied, KERNEL_SLICE_BYTES)
-            except OSError as e:
-                if kernel_copy and e.errno in _NO_KERNEL_COPY:
-                    kernel_copy = False
-                    continue
-                if e.errno == errno.ENOSPC:
-                    raise write_error(e, target) from e
-                raise source_error(e, source) from e
-            if not n:
-                break
-            _hash_pages(out, copied, n, hasher)
-            copied += n
-            if copied > entry.size:
-                break  # the source grew: refused below, without copying the rest
-        checksum = _verified(entry, algorithm, hasher, copied)
-        if (moved := changed_while_copied(source, info, fd)) is not None:
-            raise moved
-        written, out = out, -1
-        _publish(written, tmp, target, mode, umask)
+        with _Partial(dest_root, entry, token, info.st_mode & FILE_MODE_BITS, _READ_WRITE) as partial:
+            hasher = new_hasher(algorithm)
+            copied = _copy_in_kernel(fd, partial, entry.size, hasher, check, source)
+            checksum = _verified(entry, algorithm, hasher, copied)
+            if (moved := changed_while_copied(source, info, fd)) is not None:
+                raise moved
+            partial.publish(umask)
         return Staged(entry.path, copied, checksum, entry.path, checksum, recorded_identity(info))
-    except BaseException:
-        if out >= 0:
-            os.close(out)
-        if tmp:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
     finally:
         os.close(fd)
+
+
+def _copy_in_kernel(
+    fd: int, partial: _Partial, size: int, hasher: Any, check: Callable[[], None], source: str
+) -> int:
+    """Copy `fd` into the partial copy slice by slice in the kernel (`copy_file_range`, else
+    `sendfile`), hashing each slice's pages; the bytes copied (past `size`: the source grew)."""
+    copied = 0
+    kernel_copy = True
+    while True:
+        if copied:
+            check()
+        try:
+            if kernel_copy:  # the source at an offset, the copy at its file position
+                n = os.copy_file_range(fd, partial.fd, KERNEL_SLICE_BYTES, copied)
+            else:
+                n = os.sendfile(partial.fd, fd, copied, KERNEL_SLICE_BYTES)
+        except OSError as e:
+            if kernel_copy and e.errno in _NO_KERNEL_COPY:
+                kernel_copy = False
+                continue
+            if e.errno == errno.ENOSPC:
+                raise write_error(e, partial.target) from e
+            raise source_error(e, source) from e
+        if not n:
+            return copied
+        _hash_pages(partial.fd, copied, n, hasher)
+        copied += n
+        if copied > size:
+            return copied  # the source grew: refused by the caller, without copying the rest
+
+
+def _open_source(source: str) -> int:
+    try:
+        return open_regular(source, _READ)
+    except OSError as e:
+        raise source_error(e, source) from e
+
+
+class _Partial:
+    """A copy under its temporary name, made by this call (O_EXCL) and so removed if the copy
+    fails; it gets its name only when verified (`publish`)."""
+
+    def __init__(self, dest_root: str, entry: FileEntry, token: str, mode: int, flags: int = _WRITE) -> None:
+        self.target = landing(
+            dest_root, entry.path, f"staging into {dest_root}:", _LINK_FIX, checked_dirs(dest_root)
+        )
+        self.mode = mode
+        self.path = os.path.join(dest_root, partial_name(entry.path, token))
+        self.fd = _create(self.path, self.target, mode, flags)
+
+    def publish(self, umask: int | None) -> None:
+        """Give the verified copy the source's mode and its name (its descriptor closed)."""
+        fd, self.fd = self.fd, -1
+        _publish(fd, self.path, self.target, self.mode, umask)
+
+    def __enter__(self) -> _Partial:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is None:
+            return
+        if self.fd >= 0:
+            os.close(self.fd)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
 
 def _verified(entry: FileEntry, algorithm: str, hasher: Any, size: int) -> str:

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 from mlhpc.common.errors import StagingError
 from mlhpc.common.fileio import current_umask
@@ -29,8 +30,9 @@ from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.destination import agree_destination, lock_destination, refuse_overlap
 from mlhpc.staging.execute import Settings, Work, stage_archive, stage_directory
 from mlhpc.staging.finish import finish_node
-from mlhpc.staging.iopath import choose_io, direct_writes_pay
+from mlhpc.staging.iopath import IoPlan, choose_io, direct_writes_pay
 from mlhpc.staging.journal import close_journal, read_journals
+from mlhpc.staging.manifest import Manifest
 from mlhpc.staging.plan import node_files
 from mlhpc.staging.request import StageReport, StageRequest
 from mlhpc.staging.sink import SinkOptions, Staged, forget_checked_dirs
@@ -51,87 +53,134 @@ def stage_dataset(request: StageRequest, comm: Communicator | None = None) -> St
     that pays (`direct_writes_pay`), "buffered" and "kernel" never do.
     """
     comm = comm or CallbackComm()
-    src, dest, mode = request.src, request.dest, request.mode
+    src, dest = request.src, request.dest
     started = time.perf_counter()
     refuse_overlap(src, dest)
     forget_checked_dirs()
     with ExitStack() as locked:  # DEST's lock, held until the marker is written
         lock_destination(comm, src, dest, locked)
-        topo = comm.topology
-        if mode == "replicate" and topo.num_nodes > 1 and not comm.collective:
-            log.warning(
-                "replicate over %d nodes needs a Communicator; every node copies the source", topo.num_nodes
-            )
-            mode = "copy"
-        manifest, trusted = describe_source(comm, src)
-        kind = archives.archive_kind(src) if src.is_file() else None
-        mine = node_files(manifest, mode, topo) if kind is None else []
-        needed = needed_bytes(src, kind, manifest, mine)
-        fresh, token = agree_destination(comm, dest, needed)
-        sources = [str(src)] if kind is not None else [os.path.join(src, f.path) for f in mine]
-        plan = choose_io(request.io, needed, sources, direct_writes_pay(str(dest)))
-        log.debug("staging I/O: %s (%s)", plan.label, plan.reason)
-        options = SinkOptions(
-            manifest.algorithm, plan.direct_writes, request.decompress, umask=current_umask(), run_token=token
-        )
-        settings = Settings(
-            mode=mode,
-            options=options,
-            direct_reads=plan.direct_reads,
-            kernel_copy=plan.kernel_copy,
-            memory_bytes=plan.available_bytes,
-            source_cached=plan.source_cached,
-            workers=request.workers,
-            processes=request.processes,
-            chunk_bytes=request.chunk_bytes,
-            progress=request.progress and comm.rank == 0,
-        )
-        error: str | None = None
-        work = Work()
-        evidence: dict[str, Staged] | None = None
-        try:
-            evidence = None if fresh else read_journals(dest)
-            if kind is not None:
-                work = stage_archive(
-                    comm, src, kind, dest, manifest if trusted else None, evidence or {}, settings
-                )
-            else:
-                work = stage_directory(comm, src, dest, manifest, evidence, settings)
-        except LostRankError:
-            raise
-        except (StagingError, OSError) as e:
-            error = str(e) if isinstance(e, StagingError) else f"cannot stage {src} to {dest}: {e}"
-        finally:
-            try:
-                close_journal(str(dest))
-            except StagingError as e:  # also when interrupted: the interruption goes on up, not this
-                error = error or str(e)
+        job = _plan_job(request, comm)
+        work, evidence, error = _copy(comm, request, job)
         totals = agree(comm, error, work.read_bytes)
         held = finish_node(
             comm,
             src,
             dest,
-            mode,
-            manifest if kind is None else None,
+            job.settings.mode,
+            job.manifest if job.kind is None else None,
             work,
-            settings.options,
+            job.settings.options,
             request.durable,
             previous=evidence,
         )
-        return StageReport(
-            dest=dest,
-            files=len(held.files),
-            bytes=held.total_bytes,
-            seconds=time.perf_counter() - started,
-            mode=mode,
-            copied_files=len(work.staged),
-            skipped_files=work.skipped,
-            read_bytes=work.read_bytes,
-            job_read_bytes=sum(totals),
-            node=topo.node,
-            num_nodes=topo.num_nodes,
-            io=plan,
-            durable=request.durable,
-            checked_by="checksums" if trusted else "identity",
-            warnings=tuple(w for w in [archives.unchecked_warning(src, kind)] if w and not trusted and kind),
+        return _report(request, comm, job, work, held, job_read_bytes=sum(totals), started=started)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What this node stages and how, decided once DEST is locked."""
+
+    manifest: Manifest
+    trusted: bool
+    """The manifest has checksums to verify against (else it is a listing)."""
+    kind: str | None
+    """The archive's kind; None for a directory."""
+    fresh: bool
+    """DEST held nothing of an earlier staging."""
+    io: IoPlan
+    settings: Settings
+
+
+def _plan_job(request: StageRequest, comm: Communicator) -> _Job:
+    """The mode the nodes can have, the source's manifest, DEST agreed on by every rank (its
+    room checked), and the I/O path for this node's share."""
+    src, dest, mode, topo = request.src, request.dest, request.mode, comm.topology
+    if mode == "replicate" and topo.num_nodes > 1 and not comm.collective:
+        log.warning(
+            "replicate over %d nodes needs a Communicator; every node copies the source", topo.num_nodes
         )
+        mode = "copy"
+    manifest, trusted = describe_source(comm, src)
+    kind = archives.archive_kind(src) if src.is_file() else None
+    mine = node_files(manifest, mode, topo) if kind is None else []
+    needed = needed_bytes(src, kind, manifest, mine)
+    fresh, token = agree_destination(comm, dest, needed)
+    sources = [str(src)] if kind is not None else [os.path.join(src, f.path) for f in mine]
+    io = choose_io(request.io, needed, sources, direct_writes_pay(str(dest)))
+    log.debug("staging I/O: %s (%s)", io.label, io.reason)
+    options = SinkOptions(
+        manifest.algorithm, io.direct_writes, request.decompress, umask=current_umask(), run_token=token
+    )
+    settings = Settings(
+        mode=mode,
+        options=options,
+        direct_reads=io.direct_reads,
+        kernel_copy=io.kernel_copy,
+        memory_bytes=io.available_bytes,
+        source_cached=io.source_cached,
+        workers=request.workers,
+        processes=request.processes,
+        chunk_bytes=request.chunk_bytes,
+        progress=request.progress and comm.rank == 0,
+    )
+    return _Job(manifest=manifest, trusted=trusted, kind=kind, fresh=fresh, io=io, settings=settings)
+
+
+def _copy(
+    comm: Communicator, request: StageRequest, job: _Job
+) -> tuple[Work, dict[str, Staged] | None, str | None]:
+    """This rank's copies, extraction or exchange; (what it did, what an earlier staging left in
+    the journals, this rank's error). An error is returned, not raised, so that every rank learns
+    it in the agreement that follows (a lost rank is raised: no agreement can be had)."""
+    src, dest = request.src, request.dest
+    error: str | None = None
+    work = Work()
+    evidence: dict[str, Staged] | None = None
+    try:
+        evidence = None if job.fresh else read_journals(dest)
+        if job.kind is not None:
+            manifest = job.manifest if job.trusted else None
+            work = stage_archive(comm, src, job.kind, dest, manifest, evidence or {}, job.settings)
+        else:
+            work = stage_directory(comm, src, dest, job.manifest, evidence, job.settings)
+    except LostRankError:
+        raise
+    except (StagingError, OSError) as e:
+        error = str(e) if isinstance(e, StagingError) else f"cannot stage {src} to {dest}: {e}"
+    finally:
+        try:
+            close_journal(str(dest))
+        except StagingError as e:  # also when interrupted: the interruption goes on up, not this
+            error = error or str(e)
+    return work, evidence, error
+
+
+def _report(
+    request: StageRequest,
+    comm: Communicator,
+    job: _Job,
+    work: Work,
+    held: Manifest,
+    *,
+    job_read_bytes: int,
+    started: float,
+) -> StageReport:
+    """What was staged: the node's files and bytes, this rank's share of the work, the I/O path."""
+    warning = archives.unchecked_warning(request.src, job.kind)
+    return StageReport(
+        dest=request.dest,
+        files=len(held.files),
+        bytes=held.total_bytes,
+        seconds=time.perf_counter() - started,
+        mode=job.settings.mode,
+        copied_files=len(work.staged),
+        skipped_files=work.skipped,
+        read_bytes=work.read_bytes,
+        job_read_bytes=job_read_bytes,
+        node=comm.topology.node,
+        num_nodes=comm.topology.num_nodes,
+        io=job.io,
+        durable=request.durable,
+        checked_by="checksums" if job.trusted else "identity",
+        warnings=tuple(w for w in [warning] if w and not job.trusted and job.kind),
+    )
