@@ -1,6 +1,7 @@
 """Every launcher for real: srun and sbatch on a single-node Slurm started by a fixture, srun with
-PMIx and mpi4py, mpirun (Open MPI), a two-"node" torchrun rendezvous and horovodrun. A missing
-launcher skips its tests with the reason; nothing is mocked."""
+PMIx and mpi4py, mpirun (Open MPI) and a two-"node" torchrun rendezvous (horovodrun and Horovod
+under mpirun: tests/test_horovod_real.py). A missing launcher skips its tests with the reason;
+nothing is mocked."""
 
 from __future__ import annotations
 
@@ -384,26 +385,3 @@ def test_torchrun_two_node_rendezvous_trains(tiny_data: Path, tmp_path: Path) ->
     (result,) = result_logs(out)
     assert_trained(result, 31)
     assert sw_notes(out) == "mlhpc; launcher torchrun; backend gloo"
-
-
-# ---------------------------------------------------------------------------------------------
-# horovodrun: an optional backend (scripts/install_horovod.sh)
-
-
-@pytest.mark.slow
-def test_horovodrun_trains_two_ranks(tiny_data: Path, tmp_path: Path) -> None:
-    probe = subprocess.run(
-        [PYTHON, "-c", "import horovod.torch"], capture_output=True, text=True, timeout=120
-    )
-    if probe.returncode != 0:
-        pytest.skip("horovod is not installed (an optional extra: scripts/install_horovod.sh)")
-    need("horovodrun")
-    out = tmp_path / "out"
-    env = cli_env(OMP_NUM_THREADS="1", MLHPC_LOCAL_DIR=str(tmp_path / "local"))
-    command = ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PYTHON, "-m", "mlhpc"]
-    command += [*run_args(out, tiny_data, 51), "--backend", "horovod"]
-    proc = run(command, env, tmp_path)
-    assert proc.returncode == 0, output(proc)
-    (log,) = result_logs(out)
-    assert_trained(log, 51)
-    assert sw_notes(out) == "mlhpc; launcher horovod; backend horovod"
