@@ -153,20 +153,21 @@ class DistContext:
         if self.distributed and size > 1:
             groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(instances)]
             group = groups[instance]
-        local_size = min(self.local_world_size, size)
-        first = instance * size
+        # The instance's nodes from the ranks' host names: an instance may span nodes or share
+        # one, and its ranks need not sit in runs of local_world_size (srun --distribution=cyclic).
+        layout = self.node_layout.within(range(instance * size, (instance + 1) * size))
         return DistContext(
             rank=self.rank % size,
-            local_rank=self.local_rank % local_size,
+            local_rank=layout.local_rank,
             world_size=size,
-            local_world_size=local_size,
-            num_nodes=max(1, size // max(1, self.local_world_size)),
+            local_world_size=layout.local_size,
+            num_nodes=layout.num_nodes,
             device=self.device,
             backend=self.backend if size > 1 else "none",
             launcher=self.launcher,
             group=group,
             instance=instance if instances > 1 else None,
-            layout=self.node_layout.within(range(first, first + size)),
+            layout=layout,
         )
 
     def wrap_optimizer(
