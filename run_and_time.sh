@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run and time ONE seeded training run, as the MLPerf reference repos' run_and_time.sh do.
 # A cluster job calls this once (not once per rank): LAUNCHER starts the ranks. mlhpc itself
-# writes the result into the submission (`mlhpc run --index`); this script lays out nothing.
+# writes the result into the submission (`mlhpc run --index`); this script lays out nothing, and
+# it neither draws a seed nor works one out: seeds are mlhpc's planner's.
 #
 # Environment in:
 #   BENCHMARK   benchmark name (default cosmoflow)
@@ -10,8 +11,9 @@
 #               OUT/<submitter>/results/<system>/strong/<benchmark>/result_<RUN_INDEX>.txt
 #   RUN_INDEX   the run's index in the campaign, 0, 1, 2, ... (default 0; e.g. $SLURM_ARRAY_TASK_ID).
 #               mlhpc refuses an index whose result exists, and takes OUT/campaign.json's settings.
-#   SEED        the run's seed, a positive integer above RUN_INDEX: the campaign's seeds are
-#               SEED - RUN_INDEX, +1, ... (default: a random one, printed)
+#   FIRST_SEED  the campaign's first seed, passed on as --first-seed (default: the one OUT/campaign.json
+#               records, else one mlhpc's planner draws and records); the run's seed is the planner's
+#               for RUN_INDEX, which mlhpc writes back (--seed-file) for the RESULT line
 #   DATA        dataset directory to stage (default: mlhpc generates one under OUT/datasets)
 #   LAUNCHER    command prefix that starts the ranks: empty (one process),
 #               "torchrun --standalone --nproc_per_node=N", "srun", "mpirun -np N" (split on spaces)
@@ -21,9 +23,9 @@
 #   DRY_RUN     1: print the command and exit 0
 #
 # Arguments: when given, they are the whole `mlhpc` command line (`run <benchmark> ...`) and the
-# variables that build one (CONFIG, OUT, RUN_INDEX, DATA, EXTRA_ARGS) are not read; SEED must then
-# be the run's seed, for the RESULT line. `mlhpc run --slurm` writes its seed jobs so, from the
-# campaign's options (RunOptions.to_argv) and the seed its planner gave: nothing is rebuilt here.
+# variables that build one (CONFIG, OUT, RUN_INDEX, FIRST_SEED, DATA, EXTRA_ARGS) are not read;
+# SEED must then be the run's seed as the planner gave it, for the RESULT line. `mlhpc run --slurm`
+# writes its seed jobs so, from the campaign's job graph: nothing is rebuilt or worked out here.
 #
 # Prints STARTING/ENDING TIMING RUN lines, and RESULT,<benchmark>,<seed>,<seconds>,<user>,<start>
 # only when the run succeeded; exits with mlhpc's exit status (2: config error, taken index, or
@@ -35,23 +37,25 @@ CONFIG=${CONFIG:-mini}
 RUN_INDEX=${RUN_INDEX:-0}
 OUT=${OUT:-}
 DATA=${DATA:-}
+FIRST_SEED=${FIRST_SEED:-}
 
 die() {
     echo "run_and_time.sh: $*" >&2
     exit 2
 }
 
+seed_file=
 if (($# > 0)); then
-    [[ -n ${SEED:-} ]] || die "with a command line given, set SEED to its run's seed (for the RESULT line)"
+    [[ -n ${SEED:-} ]] || die "with a command line given, set SEED to its run's seed as mlhpc planned it (for the RESULT line)"
+    [[ $SEED =~ ^[1-9][0-9]*$ ]] || die "SEED=$SEED must be a positive integer"
 else
-    # By hand or in a job array: the one place left that draws a seed and does the seed arithmetic
-    # (the RESULT line names the seed before the run; see docs/RUNNING.md).
-    SEED=${SEED:-$((RANDOM * 32768 + RANDOM + 1 + RUN_INDEX))}
+    # By hand or in a job array: mlhpc's planner gives the seed and writes it back.
+    [[ -z ${SEED:-} ]] || die "SEED=$SEED: by hand the seed is mlhpc's (the planner's for RUN_INDEX); set FIRST_SEED, the campaign's first seed, or nothing"
     [[ -n $OUT ]] || die "set OUT to the submission root, e.g. OUT=runs/cosmoflow"
     [[ $RUN_INDEX =~ ^(0|[1-9][0-9]*)$ ]] || die "RUN_INDEX=$RUN_INDEX must be 0, 1, 2, ..."
+    # On OUT, which every node of the run sees, since rank 0 writes it wherever it runs.
+    seed_file="$OUT/.mlhpc-runs/run_and_time-${HOSTNAME:-host}-$$.seed"
 fi
-[[ $SEED =~ ^[1-9][0-9]*$ ]] || die "SEED=$SEED must be a positive integer"
-(($# > 0 || SEED > RUN_INDEX)) || die "SEED=$SEED must be above RUN_INDEX=$RUN_INDEX (the campaign's first seed is SEED - RUN_INDEX)"
 
 # Split on whitespace without glob expansion: overrides such as decay_boundary_epochs=[8,10] stay intact.
 read -r -a launcher <<<"${LAUNCHER:-}"
@@ -74,8 +78,8 @@ fi
 if (($# > 0)); then
     run_args=("$@")
 else
-    run_args=(run "$BENCHMARK" --config "$CONFIG" --index "$RUN_INDEX" --first-seed "$((SEED - RUN_INDEX))"
-        --out "$OUT" --no-check ${DATA:+--data "$DATA"} "${extra[@]}")
+    run_args=(run "$BENCHMARK" --config "$CONFIG" --index "$RUN_INDEX" ${FIRST_SEED:+--first-seed "$FIRST_SEED"}
+        --out "$OUT" --no-check ${DATA:+--data "$DATA"} --seed-file "$seed_file" "${extra[@]}")
 fi
 cmd=("${launcher[@]}" "${mlhpc[@]}" "${run_args[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
@@ -101,10 +105,22 @@ status=0
 "${cmd[@]}" || status=$?
 end=$(date +%s)
 echo "ENDING TIMING RUN AT $(date +'%Y-%m-%d %r') (exit status $status)"
+run="the run of seed ${SEED:-}"
+if [[ -n $seed_file ]]; then
+    run="the run of index $RUN_INDEX"
+    # The seed mlhpc ran, as its planner gave it.
+    { read -r SEED <"$seed_file"; } 2>/dev/null || true
+    rm -f "$seed_file"
+    if ((status == 0)) && ! [[ ${SEED:-} =~ ^[1-9][0-9]*$ ]]; then
+        echo "run_and_time.sh: the run of index $RUN_INDEX ended, but mlhpc wrote no seed to $seed_file" \
+            "(rank 0 writes it: OUT must be shared with its node); no RESULT line" >&2
+        exit 1
+    fi
+fi
 # A RESULT line is a time to train: a failed run has none, and its exit status says why.
 if ((status == 0)); then
     echo "RESULT,$BENCHMARK,$SEED,$((end - start)),${USER:-$(id -un)},$start_fmt"
 else
-    echo "run_and_time.sh: the run of seed $SEED failed (exit status $status); no RESULT line" >&2
+    echo "run_and_time.sh: $run failed (exit status $status); no RESULT line" >&2
 fi
 exit "$status"

@@ -33,7 +33,7 @@ def request(**changes: object) -> CampaignRequest:
         "config": "mini",
         "config_id": "aaaa",
         "out": OUT,
-        "seeds": 3,
+        "num_runs": 3,
         "settings": {"submitter": "org", "system": "sys_n4"},
     }
     values.update(changes)
@@ -41,7 +41,7 @@ def request(**changes: object) -> CampaignRequest:
 
 
 def recorded(seeds: int = 3, first_seed: int = 100, config_id: str = "aaaa") -> CampaignFile:
-    entry = Entry(config="mini", config_id=config_id, seeds=seeds, first_seed=first_seed)
+    entry = Entry(config="mini", config_id=config_id, num_runs=seeds, first_seed=first_seed)
     return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
 
 
@@ -56,18 +56,18 @@ def test_a_fresh_campaign_runs_every_index_from_a_random_first_seed() -> None:
     assert p.breakdown_path(1) == OUT / "breakdown/org/sys_n4/strong/cosmoflow/result_1.json"
     assert p.data == OUT / "datasets/cosmoflow-mini" and p.generated_data
     assert p.record.entries["cosmoflow/strong"] == Entry(
-        config="mini", config_id="aaaa", seeds=3, first_seed=4242
+        config="mini", config_id="aaaa", num_runs=3, first_seed=4242
     )
     assert (p.settings.division, p.settings.status, p.settings.ruleset) == ("closed", "onprem", "3.0.0")
 
 
 def test_an_index_run_follows_the_recorded_campaign() -> None:
     scan = ResultScan(present=frozenset({0}), finished={0: 100})
-    p = plan(request(seeds=1, index=2, settings={}), recorded(), scan)
+    p = plan(request(num_runs=1, index=2, settings={}), recorded(), scan)
     assert (p.seeds, p.to_run, p.kept) == ((100, 101, 102), (2,), (0,))
     assert p.settings == SETTINGS  # every setting from the campaign file
-    beyond = plan(request(seeds=1, index=4, settings={}), recorded(), scan)
-    assert beyond.seeds[4] == 104 and beyond.record.entries["cosmoflow/strong"].seeds == 5
+    beyond = plan(request(num_runs=1, index=4, settings={}), recorded(), scan)
+    assert beyond.seeds[4] == 104 and beyond.record.entries["cosmoflow/strong"].num_runs == 5
 
 
 def test_a_recorded_campaign_needs_resume_even_before_its_first_result() -> None:
@@ -160,7 +160,7 @@ def test_resume_rule_never_reruns_a_finished_result(
 ) -> None:
     count, first, finished, present = layout
     scan = ResultScan(present=present, finished=finished)
-    req = request(seeds=count, resume=resume, index=index)
+    req = request(num_runs=count, resume=resume, index=index)
     rec = recorded(seeds=count, first_seed=first) if record else None
     try:
         p = plan(req, rec, scan)

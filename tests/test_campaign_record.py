@@ -21,16 +21,15 @@ from hypothesis import strategies as st
 from mlhpc.campaign.io import check_data_path, given_settings, read_campaign_file
 from mlhpc.campaign.plan import (
     CAMPAIGN_FILE,
-    MAX_RUNS,
-    MAX_SEED,
+    CAMPAIGN_FORMAT,
     CampaignFile,
     CampaignRequest,
     Entry,
     ResultScan,
     Settings,
-    check_numbers,
     plan_campaign,
 )
+from mlhpc.campaign.seeds import MAX_RUNS, MAX_SEED, check_numbers
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
 from tests.conftest import cli_env, mlhpc_cli
 
@@ -44,7 +43,7 @@ def request(**changes: object) -> CampaignRequest:
         "config": "mini",
         "config_id": "aaaa",
         "out": OUT,
-        "seeds": 1,
+        "num_runs": 1,
         "settings": {"system": "sys_n4"},
     }
     values.update(changes)
@@ -52,7 +51,7 @@ def request(**changes: object) -> CampaignRequest:
 
 
 def recorded(first_seed: int = 100, seeds: int = 3) -> CampaignFile:
-    entry = Entry(config="mini", config_id="aaaa", seeds=seeds, first_seed=first_seed)
+    entry = Entry(config="mini", config_id="aaaa", num_runs=seeds, first_seed=first_seed)
     return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
 
 
@@ -67,7 +66,7 @@ def plan(req: CampaignRequest, record: CampaignFile | None = None, scan: ResultS
 def test_another_first_seed_is_refused_while_the_first_run_is_unfinished() -> None:
     """The race of issue 31: --index 0 --first-seed 100 recorded, still training (nothing finished);
     --index 1 --first-seed 9 was accepted and rewrote the record."""
-    for changes in ({"index": 1}, {"index": 0, "resume": True}, {"resume": True, "seeds": 3}):
+    for changes in ({"index": 1}, {"index": 0, "resume": True}, {"resume": True, "num_runs": 3}):
         with pytest.raises(ConfigError) as refused:
             plan(request(first_seed=9, **changes), recorded())
         message = str(refused.value)
@@ -105,7 +104,7 @@ def records(draw: st.DrawFn) -> CampaignFile | None:
     system = draw(st.sampled_from([None, "sys_n4"]))
     settings_ = Settings(submitter="org", system=system, division="closed", status="onprem", ruleset="3.0.0")
     entry = Entry(
-        config="mini", config_id=draw(st.sampled_from(["aaaa", "bbbb"])), seeds=seeds, first_seed=first
+        config="mini", config_id=draw(st.sampled_from(["aaaa", "bbbb"])), num_runs=seeds, first_seed=first
     )
     hardware = draw(st.sampled_from([None, "hw_n4"]))
     return CampaignFile(settings=settings_, entries={"cosmoflow/strong": entry}, hardware=hardware)
@@ -137,7 +136,7 @@ def test_a_plan_only_adds_to_the_record(
         first_seed=first_seed,
         index=index,
         resume=resume,
-        seeds=seeds,
+        num_runs=seeds,
         settings={"system": system} if system else {},
         default_system=hardware,
     )
@@ -151,7 +150,7 @@ def test_a_plan_only_adds_to_the_record(
         return
     old, new = record.entries["cosmoflow/strong"], p.record.entries["cosmoflow/strong"]
     assert (new.first_seed, new.config_id, new.config) == (old.first_seed, old.config_id, old.config)
-    assert new.seeds >= old.seeds and p.seeds[0] == old.first_seed
+    assert new.num_runs >= old.num_runs and p.seeds[0] == old.first_seed
     for name, value in vars(record.settings).items():
         assert value is None or getattr(p.record.settings, name) == value
     assert record.hardware in (None, p.record.hardware)
@@ -171,7 +170,7 @@ def test_seeds_that_torch_or_numpy_refuse_are_refused_at_parse_time(
     seeds: int, first_seed: int | None, index: int | None
 ) -> None:
     try:
-        check_numbers(seeds=seeds, first_seed=first_seed, index=index)
+        check_numbers(num_runs=seeds, first_seed=first_seed, index=index)
     except ConfigError as refused:
         assert "\n" not in str(refused) and "pass" in str(refused)
         return
@@ -187,10 +186,10 @@ def test_seeds_that_torch_or_numpy_refuse_are_refused_at_parse_time(
 @pytest.mark.parametrize(
     "entry",
     [
-        {"seeds": 10**9, "first_seed": 1},  # a resume would allocate a seed per run
-        {"seeds": 1, "first_seed": 2**64},  # every resume would crash in torch
-        {"seeds": 3, "first_seed": MAX_SEED - 1},  # the last seed past 2**32 - 1
-        {"seeds": True, "first_seed": 1},
+        {"num_runs": 10**9, "first_seed": 1},  # a resume would allocate a seed per run
+        {"num_runs": 1, "first_seed": 2**64},  # every resume would crash in torch
+        {"num_runs": 3, "first_seed": MAX_SEED - 1},  # the last seed past 2**32 - 1
+        {"num_runs": True, "first_seed": 1},
     ],
 )
 def test_a_recorded_entry_a_resume_cannot_run_is_one_line(tmp_path: Path, entry: dict[str, object]) -> None:
@@ -232,13 +231,13 @@ def test_a_deep_or_out_of_range_campaign_file_is_one_line_naming_it(tmp_path_fac
 
 def test_a_campaign_file_of_a_newer_format_is_refused_not_downgraded(tmp_path: Path) -> None:
     path = tmp_path / CAMPAIGN_FILE
-    newer = {**recorded().to_json(), "mlhpc_campaign": 2, "what_2_adds": {"x": 1}}
+    newer = {**recorded().to_json(), "mlhpc_campaign": CAMPAIGN_FORMAT + 1, "what_it_adds": {"x": 1}}
     path.write_text(json.dumps(newer))
     before = path.read_bytes()
     for read in (read_campaign_file, lambda p: given_settings(p, {})):
         with pytest.raises(SubmissionError) as refused:
             read(path)
-        assert "written by a newer mlhpc (format 2" in str(refused.value)
+        assert f"written by a newer mlhpc (format {CAMPAIGN_FORMAT + 1}" in str(refused.value)
         assert "use that version or a new --out" in str(refused.value)
     for version in (None, "1", True, 0, 1.5):  # not a format number: not mlhpc's file
         path.write_text(json.dumps({**recorded().to_json(), "mlhpc_campaign": version}))
@@ -249,7 +248,28 @@ def test_a_campaign_file_of_a_newer_format_is_refused_not_downgraded(tmp_path: P
     assert read_campaign_file(path) == recorded()  # no format number: format 1, as the docs show it
     path.write_bytes(before)
     proc = mlhpc_cli(["run", "cosmoflow", "--out", str(tmp_path), "--index", "0", "--dry-run"], tmp_path)
-    assert proc.returncode == 2 and "format 2" in proc.stderr and path.read_bytes() == before
+    assert (
+        proc.returncode == 2
+        and f"format {CAMPAIGN_FORMAT + 1}" in proc.stderr
+        and path.read_bytes() == before
+    )
+
+
+def test_a_format_1_campaign_file_reads_its_count_of_runs_by_its_old_name(tmp_path: Path) -> None:
+    """Format 1 called an entry's count of results `seeds` (a count, not seed values); a later
+    mlhpc reads it as num_runs and writes it back under the new name and format."""
+    path = tmp_path / CAMPAIGN_FILE
+    old = recorded(seeds=4).to_json()
+    entry = old["entries"]["cosmoflow/strong"]
+    entry["seeds"] = entry.pop("num_runs")
+    path.write_text(json.dumps({**old, "mlhpc_campaign": 1}))
+    read = read_campaign_file(path)
+    assert read == recorded(seeds=4) and read is not None
+    assert read.entries["cosmoflow/strong"].num_runs == 4
+    written = read.to_json()
+    assert written["mlhpc_campaign"] == CAMPAIGN_FORMAT == 2
+    assert "seeds" not in written["entries"]["cosmoflow/strong"]
+    assert written["entries"]["cosmoflow/strong"]["num_runs"] == 4
 
 
 # ---------------------------------------------------------------------------------------------

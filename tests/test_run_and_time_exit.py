@@ -22,7 +22,18 @@ REPO = Path(__file__).resolve().parents[1]
 RUN_AND_TIME = REPO / "run_and_time.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 RESULT = re.compile(r"^RESULT,", re.MULTILINE)
-INPUTS = ("BENCHMARK", "CONFIG", "SEED", "OUT", "DATA", "RUN_INDEX", "LAUNCHER", "EXTRA_ARGS", "DRY_RUN")
+INPUTS = (
+    "BENCHMARK",
+    "CONFIG",
+    "SEED",
+    "FIRST_SEED",
+    "OUT",
+    "DATA",
+    "RUN_INDEX",
+    "LAUNCHER",
+    "EXTRA_ARGS",
+    "DRY_RUN",
+)
 
 
 def script_env(path: str, **extra: str) -> dict[str, str]:
@@ -40,19 +51,29 @@ def run(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def launcher_exiting_with(folder: Path) -> Path:
-    """A real program that ignores its arguments (the mlhpc command) and exits with $EXIT_WITH."""
+    """A real program that stands for the launcher and mlhpc: it writes $WRITE_SEED (when set) to
+    the file after --seed-file, as mlhpc's rank 0 does, and exits with $EXIT_WITH."""
     folder.mkdir(parents=True, exist_ok=True)
     program = folder / "fake-launcher"
-    program.write_text('#!/bin/sh\necho "launched: $*"\nexit "$EXIT_WITH"\n')
+    program.write_text(
+        "#!/bin/sh\n"
+        'echo "launched: $*"\n'
+        "while [ $# -gt 1 ]; do\n"
+        '    if [ "$1" = --seed-file ] && [ -n "$WRITE_SEED" ]; then mkdir -p "${2%/*}"; echo "$WRITE_SEED" > "$2"; fi\n'
+        "    shift\n"
+        "done\n"
+        'exit "$EXIT_WITH"\n'
+    )
     program.chmod(0o755)
     return program
 
 
 def system_path(tmp_path: Path) -> str:
-    """A PATH holding only `date`, `id` and `sh`: what the script needs, and no torchrun or mlhpc."""
+    """A PATH holding only what the script and the stand-in launcher need (`date`, `id`, `sh`,
+    `rm`, `mkdir`), and no torchrun or mlhpc."""
     folder = tmp_path / "sysbin"
     folder.mkdir(exist_ok=True)
-    for name in ("date", "id", "sh"):
+    for name in ("date", "id", "sh", "rm", "mkdir"):
         found = shutil.which(name)
         assert found, f"{name} is not installed"
         target = folder / name
@@ -64,9 +85,7 @@ def system_path(tmp_path: Path) -> str:
 def test_the_documented_torchrun_example_without_the_venv_is_one_line(tmp_path: Path) -> None:
     """docs/RUNNING.md's example in a shell where the venv is not active: before, bash said
     `torchrun: command not found` (exit 127) and the script still printed a RESULT line."""
-    env = script_env(
-        system_path(tmp_path), SEED="7", OUT="runs/c", LAUNCHER="torchrun --standalone --nproc_per_node=2"
-    )
+    env = script_env(system_path(tmp_path), OUT="runs/c", LAUNCHER="torchrun --standalone --nproc_per_node=2")
     proc = run(env, tmp_path)
     assert proc.returncode == 127, proc.stdout + proc.stderr
     assert not RESULT.search(proc.stdout), proc.stdout
@@ -92,26 +111,57 @@ def test_a_missing_mlhpc_command_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("status", [1, 2, 3, 124, 130, 137])
 def test_a_failed_run_passes_its_status_on_and_prints_no_result(tmp_path: Path, status: int) -> None:
     launcher = launcher_exiting_with(tmp_path / "bin")
-    env = script_env(system_path(tmp_path), SEED="11", OUT="runs/c", LAUNCHER=str(launcher))
+    env = script_env(system_path(tmp_path), RUN_INDEX="3", OUT="runs/c", LAUNCHER=str(launcher))
     env["EXIT_WITH"] = str(status)
     proc = run(env, tmp_path)
     assert proc.returncode == status
     assert "launched: " in proc.stdout, "the launcher did not run"
     assert "ENDING TIMING RUN AT" in proc.stdout and f"(exit status {status})" in proc.stdout
     assert not RESULT.search(proc.stdout), proc.stdout
-    assert f"the run of seed 11 failed (exit status {status}); no RESULT line" in proc.stderr
+    assert f"the run of index 3 failed (exit status {status}); no RESULT line" in proc.stderr
 
 
-def test_a_run_that_succeeds_still_prints_its_result(tmp_path: Path) -> None:
+def test_a_run_that_succeeds_prints_the_seed_mlhpc_wrote_back(tmp_path: Path) -> None:
+    """The seed is mlhpc's planner's: the script passes --index and FIRST_SEED on, never works a
+    seed out, and prints in RESULT the one the run wrote to its --seed-file (then removes it)."""
     launcher = launcher_exiting_with(tmp_path / "bin")
-    env = script_env(system_path(tmp_path), SEED="11", OUT="runs/c", LAUNCHER=str(launcher))
-    env["EXIT_WITH"] = "0"
+    env = script_env(
+        system_path(tmp_path), RUN_INDEX="2", FIRST_SEED="9", OUT="runs/c", LAUNCHER=str(launcher)
+    )
+    env.update(EXIT_WITH="0", WRITE_SEED="11")
     proc = run(env, tmp_path)
     assert proc.returncode == 0, proc.stderr
+    launched = proc.stdout.split("launched: ", 1)[1].splitlines()[0].split()
+    assert (
+        launched[launched.index("--index") + 1] == "2" and launched[launched.index("--first-seed") + 1] == "9"
+    )
+    seed_file = Path(launched[launched.index("--seed-file") + 1])
+    assert seed_file.parent == Path("runs/c/.mlhpc-runs") and seed_file.suffix == ".seed"
+    assert not (tmp_path / seed_file).exists(), "the seed file is removed once read"
     results = RESULT.findall(proc.stdout)
     assert len(results) == 1
     assert re.search(r"^RESULT,cosmoflow,11,\d+,[^,]+,.+$", proc.stdout, re.MULTILINE), proc.stdout
     assert "no RESULT line" not in proc.stderr
+
+
+def test_a_run_that_wrote_no_seed_prints_no_result(tmp_path: Path) -> None:
+    """Rank 0 on a node that does not share OUT: the run ended, but its seed is unknown."""
+    launcher = launcher_exiting_with(tmp_path / "bin")
+    env = script_env(system_path(tmp_path), OUT="runs/c", LAUNCHER=str(launcher), EXIT_WITH="0")
+    proc = run(env, tmp_path)
+    assert proc.returncode == 1 and not RESULT.search(proc.stdout), proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert "mlhpc wrote no seed to runs/c/.mlhpc-runs/" in line and "OUT must be shared" in line
+
+
+def test_a_seed_by_hand_is_refused_in_one_line(tmp_path: Path) -> None:
+    """SEED is the planner's (a --slurm seed job's); by hand the script would have to work out the
+    campaign's first seed from it, which it never does."""
+    env = script_env(system_path(tmp_path), SEED="11", RUN_INDEX="2", OUT="runs/c", MLHPC_CMD="/bin/true")
+    proc = run(env, tmp_path)
+    assert proc.returncode == 2 and "STARTING" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert "SEED=11" in line and "set FIRST_SEED" in line
 
 
 def test_a_real_mlhpc_refusal_prints_no_result(tmp_path: Path) -> None:
@@ -119,7 +169,6 @@ def test_a_real_mlhpc_refusal_prints_no_result(tmp_path: Path) -> None:
     venv_bin = str(Path(sys.executable).parent)
     env = script_env(
         f"{venv_bin}{os.pathsep}{system_path(tmp_path)}",
-        SEED="5",
         OUT=str(tmp_path / "out"),
         MLHPC_CMD=f"{sys.executable} -m mlhpc",
         EXTRA_ARGS="loop.no_such_key=1",
@@ -128,4 +177,4 @@ def test_a_real_mlhpc_refusal_prints_no_result(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no_such_key" in proc.stderr
     assert not RESULT.search(proc.stdout), proc.stdout
-    assert "the run of seed 5 failed (exit status 2); no RESULT line" in proc.stderr
+    assert "the run of index 0 failed (exit status 2); no RESULT line" in proc.stderr

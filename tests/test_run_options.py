@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlhpc.campaign.options import _ARGV, RunOptions, from_args
+from mlhpc.campaign.seeds import seed_of
 from mlhpc.cli import build_parser
 from mlhpc.common import vocabulary
 from tests.conftest import cli_env
@@ -44,7 +45,7 @@ _FIELDS = {
     "benchmark": st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True),
     "config": _text.filter(lambda c: not c.startswith("-")) | st.sampled_from(["mini", "full"]),
     "overrides": st.lists(_override, max_size=3).map(tuple),
-    "seeds": st.integers(1, 10_000),
+    "num_seeds": st.integers(1, 10_000),
     "first_seed": _optional(st.integers(1, 2**32 - 1)),
     "out": _path,
     "data": _optional(_path),
@@ -144,7 +145,7 @@ def test_every_flag_survives_the_trip_to_a_slurm_seed_job(tmp_path: Path) -> Non
         job = seed_job_options(proc.stdout, index)
         assert (job.index, job.check) == (index, False)
         assert job.local_dir == tmp_path / "nl" and job.out == tmp_path / "X"
-        assert job.first_seed is not None and f"export SEED={job.first_seed + index}" in proc.stdout
+        assert job.first_seed is not None and f"export SEED={seed_of(job.first_seed, index)}" in proc.stdout
         same = ("index", "check", "out", "data", "local_dir", "first_seed")
         assert dataclasses.replace(job, **{n: getattr(given, n) for n in same}) == given
 

@@ -1,5 +1,6 @@
-"""`mlhpc run --slurm` without a cluster: the job scripts it writes, the seeds it picks, the order it
-submits in. tests/test_launchers_real.py submits one to a real Slurm."""
+"""`mlhpc run --slurm` without a cluster: the job graph it builds (scripts, resources, dependencies),
+the seeds it picks, and that the dry run prints exactly what the submitter submits.
+tests/test_launchers_real.py submits one to a real Slurm."""
 
 from __future__ import annotations
 
@@ -13,58 +14,52 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.campaign.io import read_campaign_file
+from mlhpc.campaign.io import campaign_request, plan_out, read_campaign_file, resolve_config
 from mlhpc.campaign.options import RunOptions, from_args
-from mlhpc.campaign.plan import CAMPAIGN_FILE
-from mlhpc.campaign.slurm import (
-    SlurmCampaign,
-    SlurmResources,
-    campaign_request,
-    check_script,
-    dry_run_text,
-    plan,
-    scripts,
-    seed_script,
-    submit,
-)
+from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignPlan
+from mlhpc.campaign.slurm import absolute, slurm_request, submit
+from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmJob, SlurmResources, build_graph, seed_argv
 from mlhpc.cli import build_parser
 from mlhpc.commands.run import _run_options
 from mlhpc.common.errors import ConfigError, SubmissionError
 from tests.conftest import cli_env
 
 REPO = Path(__file__).resolve().parents[1]
+TOOLS = JobTools(run_and_time=REPO / "run_and_time.sh", mlhpc_cmd=(sys.executable, "-m", "mlhpc"))
+RESOURCES = SlurmResources(nodes=2, ntasks_per_node=2, partition="gpu", sbatch_args=("--account=abc",))
 
 
-def campaign(tmp_path: Path, **changes: object) -> SlurmCampaign:
+def options(tmp_path: Path, **changes: object) -> RunOptions:
+    """A 3-seed campaign from seed 100 into tmp_path/out, as absolute as the submitter makes them."""
     values: dict[str, object] = {
         "benchmark": "cosmoflow",
-        "config": "mini",
+        "overrides": ("loop.max_epochs=20",),
+        "num_seeds": 3,
+        "first_seed": 100,
         "out": tmp_path / "out",
         "submitter": "org",
         "system": "sys_n4",
-        "ruleset": "3.0.0",
-        "seeds": (100, 101, 102),
-        "to_run": (0, 1, 2),
-        "data": tmp_path / "data",
-        "generate": True,
-        "overrides": ("loop.max_epochs=20",),
-        "options": RunOptions(
-            benchmark="cosmoflow",
-            overrides=("loop.max_epochs=20",),
-            seeds=3,
-            first_seed=100,
-            out=tmp_path / "out",
-            data=tmp_path / "data",
-            resume=True,
-        ),
-        "run_and_time": REPO / "run_and_time.sh",
-        "mlhpc_cmd": (sys.executable, "-m", "mlhpc"),
-        "resources": SlurmResources(
-            nodes=2, ntasks_per_node=2, partition="gpu", sbatch_args=("--account=abc",)
-        ),
+        "resume": True,
     }
     values.update(changes)
-    return SlurmCampaign(**values)  # type: ignore[arg-type]
+    return absolute(RunOptions(**values))  # type: ignore[arg-type]
+
+
+def planned(opts: RunOptions) -> CampaignPlan:
+    """The planner's campaign for `opts`, as `mlhpc run --slurm` plans it on a login node."""
+    return plan_out(slurm_request(opts))
+
+
+def graph(
+    tmp_path: Path, *, generate: bool = True, resources: SlurmResources = RESOURCES, **changes: object
+) -> tuple[SlurmGraph, RunOptions, CampaignPlan]:
+    opts = options(tmp_path, **changes)
+    plan = planned(opts)
+    return build_graph(opts, plan, resources, TOOLS, generate=generate), opts, plan
+
+
+def job(g: SlurmGraph, name: str) -> SlurmJob:
+    return next(j for j in g.jobs if j.name == name)
 
 
 def sbatch_directives(text: str) -> list[str]:
@@ -78,28 +73,43 @@ def sbatch_directives(text: str) -> list[str]:
     return found
 
 
+def test_the_graph_holds_the_plan(tmp_path: Path) -> None:
+    g, _, plan = graph(tmp_path)
+    assert plan.seeds == (100, 101, 102) and plan.to_run == (0, 1, 2)
+    assert [j.name for j in g.jobs] == ["generate", "seed_0", "seed_1", "seed_2", "check"]
+    assert [(j.index, j.seed) for j in g.seed_jobs] == [(0, 100), (1, 101), (2, 102)]
+    assert all(j.after == ("generate",) and j.dependency == "afterok" for j in g.seed_jobs)
+    check = job(g, "check")
+    assert check.after == ("seed_0", "seed_1", "seed_2") and check.dependency == "afterany"
+    assert g.folder == tmp_path / "out" / "slurm"
+
+
 def test_seed_script_asks_for_the_allocation(tmp_path: Path) -> None:
-    c = campaign(tmp_path)
-    text = seed_script(c, 1)
-    assert text.startswith("#!/bin/bash\n")
-    assert sbatch_directives(text) == [
-        "--job-name=mlhpc-cosmoflow-1",
-        "--nodes=2",
-        "--ntasks-per-node=2",
-        "--time=01:00:00",
-        "--partition=gpu",
-        f"--output={c.out}/slurm/seed_1-%j.out",
-        "--account=abc",
-    ]
-    proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, check=False)
+    g, _, _ = graph(tmp_path)
+    seed = job(g, "seed_1")
+    assert (
+        sbatch_directives(seed.script)
+        == list(seed.resources)
+        == [
+            "--job-name=mlhpc-cosmoflow-1",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            "--time=01:00:00",
+            "--partition=gpu",
+            f"--output={g.folder}/seed_1-%j.out",
+            "--account=abc",
+        ]
+    )
+    assert seed.script.startswith("#!/bin/bash\n")
+    proc = subprocess.run(["bash", "-n"], input=seed.script, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_seed_script_runs_run_and_time_for_its_seed(tmp_path: Path) -> None:
     """Run the script itself with DRY_RUN=1: run_and_time.sh prints the command the job would run."""
-    c = campaign(tmp_path)
+    g, opts, plan = graph(tmp_path)
     script = tmp_path / "seed_2.sbatch"
-    script.write_text(seed_script(c, 2))
+    script.write_text(job(g, "seed_2").script)
     env = cli_env(DRY_RUN="1", SLURM_TMPDIR=str(tmp_path / "node-local"))
     proc = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
@@ -109,25 +119,28 @@ def test_seed_script_runs_run_and_time_for_its_seed(tmp_path: Path) -> None:
     assert words[:5] == ["srun", "--kill-on-bad-exit=1", sys.executable, "-m", "mlhpc"]
     # Index 2 of the campaign whose seeds start at 100, straight into the submission, unchecked.
     ran = from_args(build_parser("run").parse_args(words[5:]))
-    assert ran == replace(c.options, index=2, check=False)
-    assert (ran.first_seed, ran.out, ran.data, ran.resume) == (100, c.out, c.data, True)
-    assert ran.overrides == ("loop.max_epochs=20",) and ran.system is None  # settings: campaign.json
+    assert ran == replace(opts, data=plan.data, index=2, check=False)
+    assert words[5:] == seed_argv(opts, plan, 2)
+    assert (ran.first_seed, ran.out, ran.resume) == (100, opts.out, True)
+    assert ran.overrides == ("loop.max_epochs=20",)
+    assert "export SEED=102" in job(g, "seed_2").script  # the planner's seed, for the RESULT line
 
 
 def test_check_script_checks_the_submitters_folder(tmp_path: Path) -> None:
-    c = campaign(tmp_path)
-    text = check_script(c)
+    g, opts, _ = graph(tmp_path)
+    text = job(g, "check").script
     assert "--ntasks=1" in sbatch_directives(text)
     command = text.strip().splitlines()[-1]
-    assert shlex.split(command)[:6] == [
+    assert shlex.split(command)[:7] == [
         sys.executable,
         "-m",
         "mlhpc",
         "check",
-        str(c.out / "org"),
+        str(opts.out / "org"),
         "--ruleset",
+        "3.0.0",
     ]
-    assert f"--json {c.out}/slurm/check-" in command
+    assert f"--json {g.folder}/check-" in command
 
 
 GPU_REQUESTS = (
@@ -150,31 +163,81 @@ def test_the_check_and_generate_jobs_ask_for_no_gpu(tmp_path: Path) -> None:
     """Issue 30: check.sbatch inherited --gpus-per-node from --sbatch-arg (an idle GPU held, or a
     wait for one). The seed jobs keep every option; the CPU jobs keep all but the GPU requests."""
     kept = ("--account=abc", "--qos=high", "--gres=nvme:1", "--constraint=gpu_node")
-    c = campaign(
+    g, _, _ = graph(
         tmp_path, resources=SlurmResources(sbatch_args=(*GPU_REQUESTS, *kept, "--gres=gpu:4,nvme:2"))
     )
-    for name, text in scripts(c).items():
-        found = sbatch_directives(text)
-        if name.startswith("seed_"):
+    for j in g.jobs:
+        found = sbatch_directives(j.script)
+        if j.index is not None:
             assert all(arg in found for arg in GPU_REQUESTS)
             continue
-        assert all(arg in found for arg in kept), (name, found)
+        assert all(arg in found for arg in kept), (j.name, found)
         assert "--gres=nvme:2" in found, found  # the GPU entry of a list goes, the rest stays
         gpu = [arg for arg in found if "gpu" in arg.lower() and arg != "--constraint=gpu_node"]
-        assert not gpu, (name, gpu)
+        assert not gpu, (j.name, gpu)
 
 
-def test_scripts_come_in_submission_order(tmp_path: Path) -> None:
-    assert list(scripts(campaign(tmp_path))) == [
-        "generate.sbatch",
-        "seed_0.sbatch",
-        "seed_1.sbatch",
-        "seed_2.sbatch",
-        "check.sbatch",
-    ]
-    resumed = campaign(tmp_path, generate=False, to_run=(1,))
-    assert list(scripts(resumed)) == ["seed_1.sbatch", "check.sbatch"]
-    assert "--dependency=afterany:<seed_1> " in dry_run_text(resumed)
+def test_a_resumed_graph_runs_only_the_missing_seeds(tmp_path: Path) -> None:
+    opts = options(tmp_path)
+    resumed = replace(planned(opts), to_run=(1,))
+    g = build_graph(opts, resumed, RESOURCES, TOOLS, generate=False)
+    assert [j.name for j in g.jobs] == ["seed_1", "check"]
+    assert job(g, "seed_1").after == () and job(g, "check").after == ("seed_1",)
+    assert f"sbatch --parsable --dependency=afterany:<seed_1> {g.folder}/check.sbatch" in g.dry_run_text()
+    assert f"sbatch --parsable {g.folder}/seed_1.sbatch" in g.dry_run_text()
+
+
+def recording_sbatch(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in sbatch on PATH (a real program, run as a subprocess) that records each call's
+    argv, one line, and a copy of the script it was given, and answers with the next job id and
+    a cluster name, as --parsable does. Returns (its folder, the calls file)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls.txt"
+    fake = bin_dir / "sbatch"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f'printf "%q " "$@" >> {calls}; echo >> {calls}\n'
+        f"n=$(wc -l < {calls})\n"
+        f'cat "${{@: -1}}" > {tmp_path}/script_$n.txt\n'
+        'echo "$((n + 40));mycluster"\n'
+    )
+    fake.chmod(0o755)
+    return bin_dir, calls
+
+
+def test_the_dry_run_prints_exactly_what_submit_submits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One graph: its dry-run text, with each `<job>` replaced by the id sbatch gave that job, is
+    the sbatch commands the submitter ran, one per job, in order, with the same scripts."""
+    g, _, _ = graph(tmp_path)
+    text = g.dry_run_text()
+    bin_dir, calls = recording_sbatch(tmp_path)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    ids = submit(g)
+    assert ids == {"generate": "41", "seed_0": "42", "seed_1": "43", "seed_2": "44", "check": "45"}
+    ran = [shlex.split(line) for line in calls.read_text().splitlines()]
+    printed = text.split("### would submit\n", 1)[1].splitlines()
+    assert len(ran) == len(printed) == len(g.jobs)
+    for n, (j, argv, line) in enumerate(zip(g.jobs, ran, printed, strict=True), start=1):
+        for name, job_id in ids.items():
+            line = line.replace(f"<{name}>", job_id)
+        assert ["sbatch", *argv] == shlex.split(line) == g.sbatch_argv(j, ids)
+        script = (tmp_path / f"script_{n}.txt").read_text()
+        assert script == j.script and f"### {g.script_path(j)}\n{script}" in text
+    assert ran[1][:3] == ["--parsable", "--dependency=afterok:41", "--kill-on-invalid-dep=yes"]
+    assert ran[-1][:2] == ["--parsable", "--dependency=afterany:42:43:44"]
+    recorded = json.loads((g.folder / "jobs.json").read_text())
+    assert recorded == {
+        "generate": "41",
+        "seeds": {
+            "0": {"job": "42", "seed": 100},
+            "1": {"job": "43", "seed": 101},
+            "2": {"job": "44", "seed": 102},
+        },
+        "check": "45",
+    }
 
 
 @pytest.mark.parametrize("arg", ["account=abc", "--account=abc\n#SBATCH --x"])
@@ -193,7 +256,7 @@ def plan_seeds(out: Path, count: int, first_seed: int | None, resume: bool) -> t
     """(seed of every index, indices to run) as `mlhpc run --slurm` plans them."""
     extra = ["--submitter", "org", "--system", "sys", "--seeds", str(count)]
     extra += ["--first-seed", str(first_seed)] if first_seed is not None else []
-    p = plan(campaign_request(from_args(slurm_args(out, *extra, *(["--resume"] if resume else [])))))
+    p = plan_out(slurm_request(from_args(slurm_args(out, *extra, *(["--resume"] if resume else [])))))
     return list(p.seeds), list(p.to_run)
 
 
@@ -207,9 +270,6 @@ def test_random_first_seeds_differ_and_count_up(tmp_path: Path) -> None:
 
 def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
     """The runner's and the submitter's requests for one command line give one plan."""
-    from mlhpc.campaign.io import resolve_config
-    from mlhpc.campaign.local import campaign_request as local_request
-
     common = ["--seeds", "3", "--first-seed", "40", "--system", "sys", "--resume"]
     write_result(tmp_path, 1, 41)  # a resumed campaign: the same kept run on both routes
     args = build_parser("run").parse_args(
@@ -217,8 +277,8 @@ def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
     )
     opts = _run_options(args)
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
-    local = plan(local_request(opts, resolved, "strong", default_system="this_machine_n1"))
-    slurm = plan(campaign_request(from_args(slurm_args(tmp_path, "--submitter", "org", *common))))
+    local = plan_out(campaign_request(opts, resolved, "strong", default_system="this_machine_n1"))
+    slurm = plan_out(slurm_request(from_args(slurm_args(tmp_path, "--submitter", "org", *common))))
     assert (
         (local.seeds, local.to_run, local.kept)
         == (slurm.seeds, slurm.to_run, slurm.kept)
@@ -278,29 +338,6 @@ def test_resume_reruns_an_unfinished_result_as_the_local_runner_does(tmp_path: P
     assert plan_seeds(tmp_path, 3, None, resume=True) == ([501, 502, 503], [0, 2])
 
 
-def test_submit_chains_the_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stand-in sbatch that records its arguments and answers with the next job id, as --parsable does."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls.txt"
-    fake = bin_dir / "sbatch"
-    fake.write_text(f'#!/bin/bash\necho "$*" >> {calls}\necho $(( $(wc -l < {calls}) + 40 ))";mycluster"\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    c = campaign(tmp_path, seeds=(100, 101), to_run=(0, 1))
-    jobs = submit(c)
-    assert (jobs.generate, jobs.seeds, jobs.check) == ("41", {0: "42", 1: "43"}, "44")
-    lines = calls.read_text().splitlines()
-    assert lines == [
-        f"--parsable {c.out}/slurm/generate.sbatch",
-        f"--parsable --dependency=afterok:41 --kill-on-invalid-dep=yes {c.out}/slurm/seed_0.sbatch",
-        f"--parsable --dependency=afterok:41 --kill-on-invalid-dep=yes {c.out}/slurm/seed_1.sbatch",
-        f"--parsable --dependency=afterany:42:43 {c.out}/slurm/check.sbatch",
-    ]
-    recorded = json.loads((c.out / "slurm" / "jobs.json").read_text())
-    assert recorded["seeds"] == {"0": {"job": "42", "seed": 100}, "1": {"job": "43", "seed": 101}}
-
-
 def test_submit_reports_an_sbatch_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -309,7 +346,7 @@ def test_submit_reports_an_sbatch_failure(tmp_path: Path, monkeypatch: pytest.Mo
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     with pytest.raises(SubmissionError, match="invalid partition specified"):
-        submit(campaign(tmp_path))
+        submit(graph(tmp_path)[0])
 
 
 def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -399,7 +436,7 @@ def test_slurm_submission_records_the_campaign_and_refuses_a_second_or_a_changed
     assert first.returncode == 0, first.stderr
     recorded = read_campaign_file(tmp_path / "runs" / CAMPAIGN_FILE)
     assert recorded is not None and recorded.settings.system == "s"
-    assert recorded.entries["cosmoflow/strong"].seeds == 2
+    assert recorded.entries["cosmoflow/strong"].num_runs == 2
     submitted = calls.read_text().count("\n")
     assert submitted == 4  # data, two seeds, check
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from mlhpc.campaign.io import plan_out, resolve_config
-from mlhpc.campaign.local import campaign_request, plan_line
+from mlhpc.campaign.io import campaign_request, plan_out, resolve_config
+from mlhpc.campaign.local import plan_line
 from mlhpc.campaign.options import RunOptions, check_planned
 from mlhpc.campaign.plan import CAMPAIGN_FILE, dataset_dir
 from mlhpc.common.config import to_dict

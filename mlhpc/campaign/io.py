@@ -9,24 +9,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mlhpc.campaign.options import RunOptions
 from mlhpc.campaign.plan import (
     CAMPAIGN_FILE,
     CAMPAIGN_FORMAT,
-    DEFAULTS,
-    MAX_RUNS,
-    MAX_SEED,
-    SETTING_FLAGS,
     CampaignFile,
     CampaignPlan,
     CampaignRequest,
     Entry,
     ResultScan,
-    Settings,
-    check_setting,
     config_identity,
-    draw_first_seed,
     plan_campaign,
 )
+from mlhpc.campaign.seeds import MAX_RUNS, MAX_SEED, draw_first_seed
+from mlhpc.campaign.settings import DEFAULTS, SETTING_FLAGS, Settings, check_setting
 from mlhpc.common.errors import ConfigError, DataError, SubmissionError
 from mlhpc.common.layout import Scaling, results_dir
 
@@ -103,20 +99,22 @@ def _setting_values(data: Any, path: Path) -> dict[str, str | None]:
     return values
 
 
+OLD_NUM_RUNS = "seeds"
+"""What campaign-file format 1 called an entry's num_runs (a count, not seed values)."""
+
+
 def _entry(key: object, entry: Any) -> Entry:
-    seeds, first = entry["seeds"], entry["first_seed"]
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (seeds, first)):
-        raise ValueError(f"entry {key}: seeds and first_seed must be whole numbers")
+    count = entry["num_runs"] if "num_runs" in entry else entry[OLD_NUM_RUNS]
+    first = entry["first_seed"]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (count, first)):
+        raise ValueError(f"entry {key}: num_runs and first_seed must be whole numbers")
     # What a resume would run: every seed within what torch and NumPy take, a bounded count.
-    if not (1 <= seeds <= MAX_RUNS and 1 <= first <= MAX_SEED - (seeds - 1)):
+    if not (1 <= count <= MAX_RUNS and 1 <= first <= MAX_SEED - (count - 1)):
         raise ValueError(
-            f"entry {key}: seeds 1..{MAX_RUNS} from a first_seed that keeps them in 1..{MAX_SEED}"
+            f"entry {key}: num_runs 1..{MAX_RUNS} from a first_seed that keeps its seeds in 1..{MAX_SEED}"
         )
     return Entry(
-        config=str(entry["config"]),
-        config_id=str(entry["config_id"]),
-        seeds=entry["seeds"],
-        first_seed=entry["first_seed"],
+        config=str(entry["config"]), config_id=str(entry["config_id"]), num_runs=count, first_seed=first
     )
 
 
@@ -159,9 +157,9 @@ def scan_out(out: Path, benchmark: str, scaling: Scaling) -> Callable[[Settings]
 
     def scan(settings: Settings) -> ResultScan:
         assert settings.system is not None
-        org_dir = Path(out) / settings.submitter
-        found = scan_results(results_dir(org_dir, settings.system, scaling, benchmark))
-        systems = {p.name for p in (org_dir / "results").glob("*") if p.is_dir() and not p.is_symlink()}
+        submitter_dir = Path(out) / settings.submitter
+        found = scan_results(results_dir(submitter_dir, settings.system, scaling, benchmark))
+        systems = {p.name for p in (submitter_dir / "results").glob("*") if p.is_dir() and not p.is_symlink()}
         return replace(found, other_systems=frozenset(systems - {settings.system}))
 
     return scan
@@ -210,6 +208,29 @@ def resolve_config(benchmark: str, config: str, overrides: tuple[str, ...] | lis
     info = catalog.info(benchmark)
     cfg = load_config(info.config_class, info.config_path(config), overrides)
     return ResolvedConfig(info, cfg, config_identity(info.name, to_dict(cfg)), info.division_for(cfg))
+
+
+def campaign_request(
+    opts: RunOptions, resolved: ResolvedConfig, scaling: Scaling, default_system: str | None
+) -> CampaignRequest:
+    """The planner's view of `opts`, the same on every route (the local runner, the dry run, the
+    Slurm submitter); `default_system` is None on a login node, whose hardware is not the
+    compute nodes'."""
+    return CampaignRequest(
+        benchmark=resolved.info.name,
+        config=opts.config,
+        config_id=resolved.config_id,
+        out=Path(opts.out),
+        scaling=scaling,
+        num_runs=opts.instances if scaling == "weak" else opts.num_seeds,
+        first_seed=opts.first_seed,
+        index=opts.index,
+        resume=opts.resume,
+        data=opts.data,
+        settings=given_settings(opts.campaign, {name: getattr(opts, name) for name in SETTING_FLAGS}),
+        default_system=default_system,
+        default_division=resolved.default_division,
+    )
 
 
 def check_data_path(data: Path | None, out: Path) -> None:

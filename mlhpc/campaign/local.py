@@ -18,16 +18,16 @@ from typing import Any, TypeVar
 import yaml
 
 from mlhpc import __version__
-from mlhpc.campaign.io import ResolvedConfig, given_settings, plan_out, record_plan, resolve_config
+from mlhpc.campaign.io import ResolvedConfig, campaign_request, plan_out, record_plan, resolve_config
 from mlhpc.campaign.options import RunOptions, check_planned
 from mlhpc.campaign.options import check_options as check_options  # where older callers import it
-from mlhpc.campaign.plan import SETTING_FLAGS, CampaignPlan, CampaignRequest
+from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
 from mlhpc.common import registry
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import MlhpcError, TrainingError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
-from mlhpc.common.layout import Scaling, implementation_dir, system_json_path
+from mlhpc.common.layout import implementation_dir, system_json_path
 from mlhpc.common.locks import FolderBusy, folder_lock
 from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.mllogger import MLLog
@@ -43,35 +43,13 @@ T = TypeVar("T")
 
 @dataclass
 class CampaignResult:
-    org_dir: Path
+    submitter_dir: Path
     system: str
     results: list[tuple[int, RunResult, Path | None]] = field(default_factory=list)
     """(seed, result, log) of each run this call trained (on rank 0: its instance's)."""
     kept: list[int] = field(default_factory=list)
     """Result indices a resumed campaign kept from before."""
     check_status: int | None = None
-
-
-def campaign_request(
-    opts: RunOptions, resolved: ResolvedConfig, scaling: Scaling, default_system: str | None
-) -> CampaignRequest:
-    """The planner's view of `opts` (the same for the local runner and the Slurm submitter)."""
-    flags = {name: getattr(opts, name) for name in SETTING_FLAGS}
-    return CampaignRequest(
-        benchmark=resolved.info.name,
-        config=opts.config,
-        config_id=resolved.config_id,
-        out=Path(opts.out),
-        scaling=scaling,
-        seeds=opts.instances if scaling == "weak" else opts.seeds,
-        first_seed=opts.first_seed,
-        index=opts.index,
-        resume=opts.resume,
-        data=opts.data,
-        settings=given_settings(opts.campaign, flags),
-        default_system=default_system,
-        default_division=resolved.default_division,
-    )
 
 
 def plan_and_record(request: CampaignRequest, claims: ExitStack, opts: RunOptions) -> CampaignPlan:
@@ -91,7 +69,7 @@ def plan_and_record(request: CampaignRequest, claims: ExitStack, opts: RunOption
     record_plan(plan)
     s = plan.settings
     fields = {"submitter": s.submitter, "division": s.division, "status": s.status, "system_name": s.system}
-    merge_system_json(system_json_path(plan.org_dir, plan.system), fields)
+    merge_system_json(system_json_path(plan.submitter_dir, plan.system), fields)
     return plan
 
 
@@ -153,7 +131,7 @@ def _train(
     """Train the plan's runs (on rank 0 holding their run locks)."""
     power = node_power(opts.power, ctx.local_rank)  # a node without a source: one line, before any work
     s = plan.settings
-    campaign = CampaignResult(org_dir=plan.org_dir, system=plan.system, kept=list(plan.kept))
+    campaign = CampaignResult(submitter_dir=plan.submitter_dir, system=plan.system, kept=list(plan.kept))
     submission = SubmissionInfo(org=s.submitter, division=s.division, status=s.status, platform=plan.system)  # type: ignore[arg-type]
     # One staging communicator for the whole campaign: building one creates process groups.
     progress = Progress(enabled=ctx.is_main)
@@ -192,7 +170,7 @@ def _train(
         from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
         campaign.check_status = check_command(
-            plan.org_dir, ruleset=s.ruleset, ruleset_reason=CAMPAIGN_RULESET
+            plan.submitter_dir, ruleset=s.ruleset, ruleset_reason=CAMPAIGN_RULESET
         )
     return campaign
 
@@ -291,7 +269,7 @@ def plan_line(plan: CampaignPlan, opts: RunOptions, data_dir: Path) -> str:
     return (
         f"{plan.benchmark} --config {opts.config}: {plan.scaling} scaling, seeds {runs}{kept}; "
         f"data {data_dir} staged to {resolve_local_dir(opts.local_dir)} ({where} the timed region); "
-        f"results in {plan.org_dir / 'results' / plan.system}"
+        f"results in {plan.submitter_dir / 'results' / plan.system}"
     )
 
 
@@ -322,8 +300,8 @@ def write_submission_files(plan: CampaignPlan, cfg: Any, opts: RunOptions, ctx: 
     description = describe_system(
         ctx, submitter=s.submitter, division=s.division, status=s.status, system=plan.system
     )
-    write_system_json(system_json_path(plan.org_dir, plan.system), description)
-    impl = implementation_dir(plan.org_dir, plan.benchmark, "mlhpc-pytorch")
+    write_system_json(system_json_path(plan.submitter_dir, plan.system), description)
+    impl = implementation_dir(plan.submitter_dir, plan.benchmark, "mlhpc-pytorch")
     atomic_write_text(impl / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(
         impl / "README.md",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from mlhpc.campaign.seeds import check_numbers
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.vocabulary import (
     DEFAULT_STAGING,
@@ -34,9 +35,10 @@ class RunOptions:
     benchmark: str
     config: str = "mini"
     overrides: tuple[str, ...] = ()
-    seeds: int = 1
-    """How many seeded runs a strong-scaling campaign has (a count; the planner gives their values)."""
+    num_seeds: int = 1
+    """--seeds: how many seeded runs a strong-scaling campaign has (the planner gives their values)."""
     first_seed: int | None = None
+    """The seed of result_0.txt (None: the campaign file's, else one the planner draws)."""
     out: Path
     data: Path | None = None
     local_dir: Path | None = None
@@ -107,7 +109,7 @@ _ARGV: dict[str, Callable[[Any], list[str]]] = {
     "benchmark": _positional,
     "overrides": _positional,
     "config": _valued("--config"),
-    "seeds": _valued("--seeds"),
+    "num_seeds": _valued("--seeds"),
     "first_seed": _valued("--first-seed"),
     "out": _path_valued("--out"),
     "data": _path_valued("--data"),
@@ -140,7 +142,7 @@ def from_args(args: argparse.Namespace) -> RunOptions:
         benchmark=args.benchmark,
         config=args.config,
         overrides=tuple(args.overrides),
-        seeds=args.seeds,
+        num_seeds=args.num_seeds,
         first_seed=args.first_seed,
         out=args.out,
         data=args.data,
@@ -171,13 +173,15 @@ def check_options(opts: RunOptions) -> None:
     """The combinations of options the rules or the campaign model refuse, as one ConfigError.
     Every route calls it before it plans, and again with the ruleset the plan settled on
     (`check_planned`), before anything is recorded, submitted or staged."""
+    check_numbers(num_runs=opts.num_seeds, first_seed=opts.first_seed, index=opts.index)
+    check_numbers(num_runs=opts.instances, first_seed=opts.first_seed, index=None, flag="--instances")
     if opts.staging == "before" and opts.ruleset is not None and not staging_before_allowed(opts.ruleset):
         raise ConfigError(
             f"--staging before is not allowed by HPC ruleset {opts.ruleset}: it requires staging "
             f"inside run_start..run_stop; use --staging inside or --ruleset {STAGING_BEFORE_RUN_START_SINCE}"
         )
     weak = opts.instances > 1
-    if weak and opts.seeds != 1:
+    if weak and opts.num_seeds != 1:
         raise ConfigError(f"--instances {opts.instances} trains one model per instance; drop --seeds")
     if weak and opts.index is not None:
         raise ConfigError(f"--instances {opts.instances} trains every model at once; drop --index")

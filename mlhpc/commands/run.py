@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
-    """Add run; its Slurm options only when it is the command (or for --help of the whole CLI)."""
+    """Add run: its options in groups, one function each (docs/RUNNING.md's options table lists them)."""
     run = add_command(
         sub,
         "run",
@@ -39,94 +39,13 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         "torchrun --nproc_per_node=2 -m mlhpc run cosmoflow --seeds 1 --out runs/",
     )
     run.add_argument("benchmark")
-    run.add_argument("--config", default="mini", help="mini, full, or a YAML path (default mini)")
-    run.add_argument(
-        "--seeds", type=int, default=1, help="seeded runs (a strong score needs 10 for cosmoflow)"
-    )
-    run.add_argument("--first-seed", type=int, default=None, help="seeds are N, N+1, ... (default random)")
-    run.add_argument("--out", type=Path, required=True, help="where the submission directory goes")
-    run.add_argument("--data", type=Path, default=None, help="dataset to stage (default: generate one)")
-    run.add_argument(
-        "--local-dir", type=Path, default=None, help="node-local staging dir (or MLHPC_LOCAL_DIR)"
-    )
-    run.add_argument("--allow-size", type=size_argument, default=None, metavar="SIZE", help=ALLOW_SIZE_HELP)
-    settings = "; recorded in <out>/campaign.json, which later runs into --out follow"
-    run.add_argument("--submitter", default=None, help=f"default mlhpc{settings}")
-    run.add_argument(
-        "--system",
-        default=None,
-        help=f"system name (default from the hardware: <cpu or gpu model>_<cpu|gpu>_n<ranks>){settings}",
-    )
-    run.add_argument(
-        "--division",
-        choices=DIVISIONS,
-        default=None,
-        help="default closed, or open where the closed rules need the real dataset (deepcam mini)",
-    )
-    run.add_argument("--status", choices=STATUSES, default=None)
-    run.add_argument("--ruleset", choices=RULESETS, default=None, help=f"default {DEFAULT_RULESET}")
-    run.add_argument(
-        "--campaign",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="a campaign.json giving the submission-wide settings (submitter, system, division, ...)",
-    )
-    run.add_argument(
-        "--staging",
-        choices=STAGINGS,
-        default=DEFAULT_STAGING,
-        help="stage inside run_start..run_stop (default, counts in the score) or before it",
-    )
-    run.add_argument(
-        "--io",
-        choices=IO_CHOICES,
-        default="auto",
-        help="the staging copy's I/O path (see mlhpc stage --help)",
-    )
-    run.add_argument("--durable", action="store_true", help="have the staged copy on disk before training")
-    run.add_argument("--backend", choices=get_args(Backend), default="auto")
-    run.add_argument("--device", choices=get_args(Device), default="auto")
-    run.add_argument("--clear-cache", action="store_true", help="drop the page cache before each run (root)")
-    run.add_argument("--no-check", action="store_true", help="skip `mlhpc check` at the end")
-    run.add_argument(
-        "--resume",
-        action="store_true",
-        help="finish an interrupted campaign in --out: keep its successful runs, rerun the rest",
-    )
-    run.add_argument(
-        "--index",
-        type=int,
-        default=None,
-        metavar="I",
-        help="run result index I of the campaign alone (seed first-seed + I), straight into --out; "
-        "refused when result_I.txt exists (with --resume: when it finished)",
-    )
-    run.add_argument(
-        "--instances",
-        type=int,
-        default=1,
-        help="weak scaling: train this many models at once, one per group of ranks "
-        "(a single process launches the ranks itself, one per instance)",
-    )
-    run.add_argument(
-        "--power",
-        action="store_true",
-        help="sample each node's GPU (NVML) and CPU package (RAPL) power while a run is timed, into "
-        "power/result_<i>/node_<host>.txt beside the result; mlhpc check scores the energy",
-    )
-    run.add_argument(
-        "--mllog-stdout",
-        action="store_true",
-        help="also print the MLLOG events on stdout, as the reference trainers do (they always go to "
-        "the result files; the terminal shows one line per epoch)",
-    )
-    run.add_argument(
-        "--json",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="with --dry-run: write what will train (config, param_groups, lr_per_epoch) as JSON",
+    _campaign_options(run.add_argument_group("the campaign"))
+    _data_options(run.add_argument_group("data and staging"))
+    _submission_options(run.add_argument_group("submission-wide settings (recorded in <out>/campaign.json)"))
+    _runtime_options(run.add_argument_group("the run"))
+    _dry_run_options(run.add_argument_group("look before you run"))
+    _slurm_options(
+        run.add_argument_group("Slurm campaign (one job per seed, then a job running mlhpc check)")
     )
     run.add_argument(
         "overrides",
@@ -135,16 +54,158 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         metavar="key=value",
         help="config overrides (optional), e.g. loop.max_epochs=20",
     )
-    if command in (None, "run"):
-        from mlhpc.campaign.slurm import add_slurm_arguments
-
-        add_slurm_arguments(run)
     run.set_defaults(handler=_run)
+
+
+def _campaign_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--config", default="mini", help="mini, full, or a YAML path (default mini)")
+    group.add_argument(
+        "--seeds",
+        dest="num_seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many seeded runs (a strong score needs 10 for cosmoflow)",
+    )
+    group.add_argument(
+        "--first-seed",
+        type=int,
+        default=None,
+        help="seeds are N, N+1, ... (default: the campaign's, else random)",
+    )
+    group.add_argument("--out", type=Path, required=True, help="where the submission directory goes")
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted campaign in --out: keep its successful runs, rerun the rest",
+    )
+    group.add_argument(
+        "--index",
+        type=int,
+        default=None,
+        metavar="I",
+        help="run result index I of the campaign alone (seed first-seed + I), straight into --out; "
+        "refused when result_I.txt exists (with --resume: when it finished)",
+    )
+    group.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="weak scaling: train this many models at once, one per group of ranks "
+        "(a single process launches the ranks itself, one per instance)",
+    )
+
+
+def _data_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--data", type=Path, default=None, help="dataset to stage (default: generate one)")
+    group.add_argument(
+        "--local-dir", type=Path, default=None, help="node-local staging dir (or MLHPC_LOCAL_DIR)"
+    )
+    group.add_argument("--allow-size", type=size_argument, default=None, metavar="SIZE", help=ALLOW_SIZE_HELP)
+    group.add_argument(
+        "--staging",
+        choices=STAGINGS,
+        default=DEFAULT_STAGING,
+        help="stage inside run_start..run_stop (default, counts in the score) or before it",
+    )
+    group.add_argument(
+        "--io",
+        choices=IO_CHOICES,
+        default="auto",
+        help="the staging copy's I/O path (see mlhpc stage --help)",
+    )
+    group.add_argument("--durable", action="store_true", help="have the staged copy on disk before training")
+    group.add_argument(
+        "--clear-cache", action="store_true", help="drop the page cache before each run (root)"
+    )
+
+
+def _submission_options(group: argparse._ArgumentGroup) -> None:
+    later = "; later runs into --out follow the recorded one"
+    group.add_argument("--submitter", default=None, help=f"default mlhpc{later}")
+    group.add_argument(
+        "--system",
+        default=None,
+        help=f"system name (default from the hardware: <cpu or gpu model>_<cpu|gpu>_n<ranks>){later}",
+    )
+    group.add_argument(
+        "--division",
+        choices=DIVISIONS,
+        default=None,
+        help="default closed, or open where the closed rules need the real dataset (deepcam mini)",
+    )
+    group.add_argument("--status", choices=STATUSES, default=None, help="default onprem")
+    group.add_argument("--ruleset", choices=RULESETS, default=None, help=f"default {DEFAULT_RULESET}")
+    group.add_argument(
+        "--campaign",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a campaign.json giving the submission-wide settings (submitter, system, division, ...)",
+    )
+    group.add_argument("--no-check", action="store_true", help="skip `mlhpc check` at the end")
+
+
+def _runtime_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--backend", choices=get_args(Backend), default="auto")
+    group.add_argument("--device", choices=get_args(Device), default="auto")
+    group.add_argument(
+        "--power",
+        action="store_true",
+        help="sample each node's GPU (NVML) and CPU package (RAPL) power while a run is timed, into "
+        "power/result_<i>/node_<host>.txt beside the result; mlhpc check scores the energy",
+    )
+    group.add_argument(
+        "--mllog-stdout",
+        action="store_true",
+        help="also print the MLLOG events on stdout, as the reference trainers do (they always go to "
+        "the result files; the terminal shows one line per epoch)",
+    )
+    group.add_argument(
+        "--seed-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the seed of each run trained here, one a line, to FILE (a new name ending in "
+        ".seed) once they end: how run_and_time.sh learns the seed the planner gave",
+    )
+
+
+def _dry_run_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config (and --data) and print the MLLOG events up to init_stop and what will "
+        "train, build nothing; with --slurm: print the job graph, submit nothing",
+    )
+    group.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --dry-run: write what will train (config, param_groups, lr_per_epoch) as JSON",
+    )
+
+
+def _slurm_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--slurm", action="store_true", help="submit the seeds as sbatch jobs and return")
+    group.add_argument("--slurm-nodes", type=int, default=1, help="nodes per seed job (default 1)")
+    group.add_argument(
+        "--slurm-ntasks-per-node", type=int, default=1, help="ranks per node, one per GPU (default 1)"
+    )
+    group.add_argument("--slurm-time", default="01:00:00", help="time limit per seed job (default 01:00:00)")
+    group.add_argument("--slurm-partition", default=None, help="partition (default: the cluster's)")
+    group.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="more sbatch options for every job, repeatable: --sbatch-arg=--account=abc",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     from mlhpc.campaign.options import check_options, from_args
-    from mlhpc.campaign.plan import check_numbers
     from mlhpc.common.writable import check_writable_dir, local_dir_name, refuse_output_over_inputs
     from mlhpc.staging.localdir import resolve_local_dir
 
@@ -152,10 +213,8 @@ def _run(args: argparse.Namespace) -> int:
     # refuses what a seed job would, before anything is locked, launched, submitted or recorded.
     opts = from_args(args)
     check_options(opts)
-    check_numbers(seeds=opts.seeds, first_seed=opts.first_seed, index=opts.index)
-    check_numbers(seeds=opts.instances, first_seed=opts.first_seed, index=None, flag="--instances")
     refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
-    _check_json_flag(args)
+    seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
         refuse_output_over_inputs(
@@ -175,22 +234,33 @@ def _run(args: argparse.Namespace) -> int:
     # not a traceback after the first seed has trained.
     check_writable_dir(opts.out, "--out")
     check_writable_dir(resolve_local_dir(opts.local_dir), local_dir_name(opts.local_dir))
-    from mlhpc.campaign.local import run_campaign
-    from mlhpc.common.debug_log import debug_log
-    from mlhpc.common.distributed import init_distributed, shutdown_distributed
     from mlhpc.common.launch import detect_launch
 
     if opts.instances > 1 and detect_launch().world_size == 1:
         return _launch_instances(opts)
+    return _train_here(opts, seed_file)
+
+
+def _train_here(opts: RunOptions, seed_file: Path | None) -> int:
+    """Run the campaign on this process's ranks; rank 0 prints what each run did."""
+    from mlhpc.campaign.local import run_campaign
+    from mlhpc.common.debug_log import debug_log
+    from mlhpc.common.distributed import init_distributed, lost_rank_named, shutdown_distributed
+    from mlhpc.common.fileio import atomic_write_text
 
     ctx = init_distributed(opts.backend, opts.device)
     started = time.perf_counter()
     try:
-        with debug_log(opts.out, ctx.rank) as debug_file:  # libraries' warnings and INFO records
+        with (
+            debug_log(opts.out, ctx.rank) as debug_file,  # libraries' warnings and INFO records
+            lost_rank_named(ctx, "the run in progress was not recorded; launch the same way with --resume"),
+        ):
             campaign = run_campaign(opts, ctx)
     finally:
         shutdown_distributed()
     if ctx.is_main:
+        if seed_file is not None:  # the seeds the planner gave, for run_and_time.sh's RESULT line
+            atomic_write_text(seed_file, "".join(f"{seed}\n" for seed, _, _ in campaign.results))
         if campaign.kept and opts.index is None:  # an --index run resumes nothing
             print(f"\nresumed: kept the finished runs {campaign.kept}")
         print(f"\n{'seed':>10} {'status':>8} {'epochs':>6} {'minutes':>8} {'samples/s':>10}")
@@ -199,22 +269,34 @@ def _run(args: argparse.Namespace) -> int:
                 f"{seed:>10} {result.status:>8} {result.epochs:>6} {result.run_seconds / 60:>8.3f} "
                 f"{result.train_samples_per_s:>10.1f}"
             )
-        print(f"submission: {campaign.org_dir}  wall time {time.perf_counter() - started:.1f} s")
+        print(f"submission: {campaign.submitter_dir}  wall time {time.perf_counter() - started:.1f} s")
         if debug_file is not None and debug_file.exists():  # made only when something was logged
             print(f"debug log (warnings, details): {debug_file}")
     return campaign.check_status or 0
 
 
-def _check_json_flag(args: argparse.Namespace) -> None:
-    """--json writes a dry run's view of what will train; anywhere else it would be ignored."""
+def _check_output_flags(args: argparse.Namespace, opts: RunOptions) -> Path | None:
+    """--json writes a dry run's view of what will train, --seed-file the seeds of runs trained
+    here; anywhere else either would be ignored, so it is refused. The real path --seed-file
+    writes (not over the data or the campaign file, nor an existing file of another kind)."""
     from mlhpc.common.errors import ConfigError
     from mlhpc.common.printable import shown
+    from mlhpc.common.writable import refuse_output_over_inputs
 
-    if args.json is not None and (not getattr(args, "dry_run", False) or getattr(args, "slurm", False)):
+    if args.json is not None and (not args.dry_run or args.slurm):
         raise ConfigError(
             f"--json {shown(args.json)} writes what a dry run here will train; add --dry-run (without --slurm) "
             "or drop --json"
         )
+    if args.seed_file is None:
+        return None
+    if args.dry_run or args.slurm or opts.instances > 1:
+        raise ConfigError(
+            f"--seed-file {shown(args.seed_file)} gets the seeds of strong-scaling runs trained here; "
+            "drop --dry-run, --slurm or --instances, or drop --seed-file"
+        )
+    inputs = [opts.data, opts.out / "campaign.json", opts.campaign]
+    return refuse_output_over_inputs(args.seed_file, inputs, "--seed-file", suffixes=(".seed",))
 
 
 def generated_size(opts: RunOptions) -> tuple[Path, SizeCheck] | None:
@@ -256,7 +338,7 @@ def resume_command(args: argparse.Namespace, program: str) -> str | None:
 
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
-    """The options `args` hold (run_options.from_args; kept for the tests that build them so)."""
+    """The options `args` hold (options.from_args; kept for the tests that build them so)."""
     from mlhpc.campaign.options import from_args
 
     return from_args(args)
