@@ -74,47 +74,33 @@ def copy_file(job: CopyJob, entry: FileEntry, record: bool = True) -> Staged:
     files these system calls are most of the work, and each one costs a hand-over of the GIL
     among the worker threads; the one `fstat` left gives the mode the copy keeps.
     """
-    source = os.path.join(job.src_root, entry.path)
     whole = entry.size < BUFFER_BYTES
     direct = job.direct_reads and entry.size >= DIRECT_READ_MIN_BYTES and not job.options.decompress
-    fd, direct = _open_source(source, direct, sequential=not whole)
+    source = _Source(os.path.join(job.src_root, entry.path), direct, sequential=not whole)
     buffer = _pool.get(entry.size + 1 if whole else BUFFER_BYTES)
     sink: FileSink | None = None
     try:
-        info = os.fstat(fd)
+        info = os.fstat(source.fd)
         if not whole and info.st_size != entry.size:
             raise StagingError(
-                f"staging source file {source} has {info.st_size} bytes, its listing says {entry.size}; "
-                f"the source changed: regenerate its {MANIFEST_NAME} or stage again"
+                f"staging source file {source.path} has {info.st_size} bytes, its listing says "
+                f"{entry.size}; the source changed: regenerate its {MANIFEST_NAME} or stage again"
             )
         sink = FileSink(
             job.dest_root, entry, job.options, buffer, mode=info.st_mode, origin=recorded_identity(info)
         )
-        while sink.path != entry.path and (data := os.read(fd, BUFFER_BYTES)):
+        while sink.path != entry.path and (data := os.read(source.fd, BUFFER_BYTES)):
             sink.write(data)
-        if direct and job.read_ahead > 1:
+        if source.direct and job.read_ahead > 1:
             try:
-                _read_ahead(fd, sink, entry.size, job, buffer)
+                _read_ahead(source.fd, sink, entry.size, job, buffer)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                os.close(fd)  # O_DIRECT refused this read: go on through the page cache
-                fd, direct = _open_source(source, False)
-            os.lseek(fd, sink.received, os.SEEK_SET)  # the loop below reads what is left, if anything
-        while sink.path == entry.path:
-            _check_stopping(job)
-            try:
-                room = sink.room
-                n = sink.read_from(fd)
-                if not n or (n < room and sink.received == entry.size):
-                    break  # a short read that brings the listed size is the end of the file
-            except OSError as e:
-                if not (direct and e.errno == errno.EINVAL):
-                    raise
-                os.close(fd)  # O_DIRECT refused this read: go on through the page cache
-                fd, direct = _open_source(source, False)
-                os.lseek(fd, sink.received, os.SEEK_SET)
-        if (moved := changed_while_copied(source, info, fd)) is not None:
+                source.reopen_buffered()  # O_DIRECT refused this read: go on through the page cache
+            os.lseek(source.fd, sink.received, os.SEEK_SET)  # the loop below reads what is left, if anything
+        _read_rest(source, sink, entry, job)
+        if (moved := changed_while_copied(source.path, info, source.fd)) is not None:
             raise moved
         staged = sink.finish()
         sink = None
@@ -122,12 +108,42 @@ def copy_file(job: CopyJob, entry: FileEntry, record: bool = True) -> Staged:
             journal(job.dest_root, job.options.run_token).record(staged)
         return staged
     except OSError as e:
-        raise source_error(e, source) from e
+        raise source_error(e, source.path) from e
     finally:
         if sink is not None:
             sink.abort()
-        os.close(fd)
+        os.close(source.fd)
         _pool.put(buffer)
+
+
+class _Source:
+    """An open source file, read with O_DIRECT where asked and allowed, through the page cache
+    from where O_DIRECT is refused."""
+
+    def __init__(self, path: str, direct: bool, sequential: bool) -> None:
+        self.path = path
+        self.fd, self.direct = _open_source(path, direct, sequential)
+
+    def reopen_buffered(self) -> None:
+        os.close(self.fd)
+        self.fd, self.direct = _open_source(self.path, False)
+
+
+def _read_rest(source: _Source, sink: FileSink, entry: FileEntry, job: CopyJob) -> None:
+    """Read what is left of the file into `sink`, block after block, until a short read brings
+    its listed size (a file that grew reads on, and the sink refuses it)."""
+    while sink.path == entry.path:
+        _check_stopping(job)
+        try:
+            room = sink.room
+            n = sink.read_from(source.fd)
+            if not n or (n < room and sink.received == entry.size):
+                break  # a short read that brings the listed size is the end of the file
+        except OSError as e:
+            if not (source.direct and e.errno == errno.EINVAL):
+                raise
+            source.reopen_buffered()  # O_DIRECT refused this read: go on through the page cache
+            os.lseek(source.fd, sink.received, os.SEEK_SET)
 
 
 def copy_chunk(job: CopyJob, entries: Sequence[FileEntry]) -> list[Staged]:

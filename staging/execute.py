@@ -178,7 +178,6 @@ def stage_archive(
     topo = comm.topology
     if topo.local_rank != 0:
         return Work()
-    sharded = settings.mode == "shard" and topo.num_nodes > 1
     try:
         fd = open_regular(src)
     except OSError as e:
@@ -186,18 +185,7 @@ def stage_archive(
             f"cannot read staging source {src} ({e.strerror}); check it and its permissions"
         ) from e
     opened = os.fstat(fd)
-    extractor = ArchiveExtractor(
-        src,
-        dest,
-        settings.options,
-        manifest,
-        evidence,
-        keep=(lambda p: archives.member_node(p, topo.num_nodes) == topo.node)
-        if sharded
-        else (lambda p: True),
-        workers=settings.workers,
-        origin=recorded_identity(opened),
-    )
+    extractor = _extractor(comm, src, dest, manifest, evidence, settings, origin=recorded_identity(opened))
     total = manifest.total_bytes if manifest is not None else archives.estimated_bytes(src, kind, None)
     with (
         StageProgress(
@@ -215,6 +203,34 @@ def stage_archive(
         if (moved := changed_while_copied(str(src), opened, fd)) is not None:
             raise moved  # what was extracted may mix two archives: nothing is marked staged
     return Work(extractor.written, extractor.skipped, read, held=list(extractor.staged.values()))
+
+
+def _extractor(
+    comm: Communicator,
+    src: Path,
+    dest: Path,
+    manifest: Manifest | None,
+    evidence: dict[str, Staged],
+    settings: Settings,
+    *,
+    origin: str,
+) -> ArchiveExtractor:
+    """The extractor of this node's members: all of them, or in shard mode over several nodes
+    the ones `archives.member_node` gives this node."""
+    topo = comm.topology
+    sharded = settings.mode == "shard" and topo.num_nodes > 1
+    return ArchiveExtractor(
+        src,
+        dest,
+        settings.options,
+        manifest,
+        evidence,
+        keep=(lambda p: archives.member_node(p, topo.num_nodes) == topo.node)
+        if sharded
+        else (lambda p: True),
+        workers=settings.workers,
+        origin=origin,
+    )
 
 
 class _Counting:

@@ -41,21 +41,11 @@ def finish_node(
     (`remove_stale`: only our own, unchanged), and what every file was made from goes into the
     sources file, the evidence of the next restage and of `mlhpc verify`."""
     topo = comm.topology
-    held, error = None, None
+    held: Manifest | None = None
     records: list[Staged] = []
+    error: str | None = None
     if topo.local_rank == 0:
-        try:
-            records = _node_records(dest, manifest, mode, topo, work, options)
-            held = Manifest(options.algorithm, tuple(s.entry for s in records))
-            if manifest is not None:
-                keep_folder_modes(src, dest, (f.path for f in held.files))
-            remove_stale(src, dest, previous or {}, {s.path for s in records}, options.algorithm)
-            refuse_strangers(src, dest, {s.path for s in records})
-            held.write(dest / MANIFEST_NAME)
-        except StagingError as e:
-            error = str(e)
-        except OSError as e:
-            error = str(destination_error(e, e.filename or dest / MANIFEST_NAME))
+        held, records, error = _write_node_manifest(src, dest, mode, manifest, work, options, previous, topo)
     digests = agree(comm, error, [topo.node, held.digest() if held else None])
     if mode == "replicate" and comm.collective:
         first = {digest: node for node, digest in reversed(digests) if digest}
@@ -65,20 +55,59 @@ def finish_node(
                 f"the copies on nodes {nodes[0]} and {nodes[1]} differ (manifest digests); stage again"
             )
     if held is not None:
-        try:
-            write_sources(dest, records)  # before the journals go: their lines are in it
-            remove_journals(dest, run_tokens(dest))
-            if durable:
-                sync_filesystem(dest)
-            marker = {"source": str(src.absolute()), "mode": mode, "node": topo.node, "nodes": topo.num_nodes}
-            marker |= {"files": len(held.files), "bytes": held.total_bytes}
-            atomic_write_text(dest / STAGED_MARKER, json.dumps(marker) + "\n")
-        except OSError as e:
-            error = str(write_error(e, str(dest / STAGED_MARKER)))
+        error = _write_marker(src, dest, mode, topo, held, records, durable)
     agree(comm, error)  # a barrier that also tells every rank if a marker could not be written
     if held is None and (dest / MANIFEST_NAME).is_file():
         held = Manifest.read(dest / MANIFEST_NAME)
     return held or Manifest(options.algorithm, tuple(node_files(manifest, mode, topo)) if manifest else ())
+
+
+def _write_node_manifest(
+    src: Path,
+    dest: Path,
+    mode: Mode,
+    manifest: Manifest | None,
+    work: Work,
+    options: SinkOptions,
+    previous: dict[str, Staged] | None,
+    topo: Any,
+) -> tuple[Manifest | None, list[Staged], str | None]:
+    """Local rank 0: the node's manifest written, after its folders got their source's modes and
+    stale copies and strangers were dealt with; (the manifest, what each file was made from, the
+    error to agree on)."""
+    held: Manifest | None = None
+    records: list[Staged] = []
+    try:
+        records = _node_records(dest, manifest, mode, topo, work, options)
+        held = Manifest(options.algorithm, tuple(s.entry for s in records))
+        if manifest is not None:
+            keep_folder_modes(src, dest, (f.path for f in held.files))
+        remove_stale(src, dest, previous or {}, {s.path for s in records}, options.algorithm)
+        refuse_strangers(src, dest, {s.path for s in records})
+        held.write(dest / MANIFEST_NAME)
+    except StagingError as e:
+        return held, records, str(e)
+    except OSError as e:
+        return held, records, str(destination_error(e, e.filename or dest / MANIFEST_NAME))
+    return held, records, None
+
+
+def _write_marker(
+    src: Path, dest: Path, mode: Mode, topo: Any, held: Manifest, records: list[Staged], durable: bool
+) -> str | None:
+    """The sources file, the journals removed, then the completion marker, last (`durable`: after
+    the copy is on disk); the error to agree on, if any."""
+    try:
+        write_sources(dest, records)  # before the journals go: their lines are in it
+        remove_journals(dest, run_tokens(dest))
+        if durable:
+            sync_filesystem(dest)
+        marker = {"source": str(src.absolute()), "mode": mode, "node": topo.node, "nodes": topo.num_nodes}
+        marker |= {"files": len(held.files), "bytes": held.total_bytes}
+        atomic_write_text(dest / STAGED_MARKER, json.dumps(marker) + "\n")
+    except OSError as e:
+        return str(write_error(e, str(dest / STAGED_MARKER)))
+    return None
 
 
 def _node_records(

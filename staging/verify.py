@@ -5,6 +5,7 @@ source as it is now (identity and manifest checksum of every file).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc.common import safe_json
@@ -64,47 +65,75 @@ def check_source(dest: Path, held: Manifest, workers: int = 8) -> str:
     if not src.exists():
         return f"source {src} is not reachable from here: checked against {dest}'s manifest only"
     records = read_sources(dest)
-    kind = archives.archive_kind(src) if src.is_file() else None
-    try:
-        if kind is not None:
-            sidecar = archives.sidecar_manifest(src)
-            listed = Manifest.read(sidecar) if sidecar.is_file() else None
-        else:
-            listed = Manifest.read(src / MANIFEST_NAME) if (src / MANIFEST_NAME).is_file() else None
-    except StagingError as e:
-        raise StagingError(f"{e} (the source of {dest})") from e
-    expected = {f.path: f for f in listed.files} if listed is not None else {}
-    archive_now = current_identity(src) if kind is not None else ""
-
-    def judge(record: Staged) -> str:
-        """'' when the record's source is unchanged; 'unknown' when nothing can tell."""
-        entry = expected.get(record.source)
-        if listed is not None and (entry is None or entry.checksum != record.source_checksum):
-            where = sidecar if kind is not None else src / MANIFEST_NAME
-            raise StagingError(
-                f"staged file {dest / record.path} was copied from {record.source}, which {where} now "
-                f"lists {'with another checksum' if entry else 'no longer'}; stage again"
-            )
-        if not record.origin:
-            return "" if entry is not None else "unknown"
-        now = archive_now if kind is not None else current_identity(src / record.source)
-        if now != record.origin:
-            what = f"the archive {src}" if kind is not None else f"its source {src / record.source}"
-            raise StagingError(
-                f"staged file {dest / record.path} is stale: {what} changed or went since it was copied "
-                "(size, mtime, ctime or inode); stage again"
-            )
-        return ""
-
+    now = _source_now(dest, src)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        unknown = sum(1 for verdict in pool.map(judge, records) if verdict)
-    if marker.get("mode") != "shard" and kind is None:
-        names = set(expected) if listed is not None else set(list_dataset_files(src))
+        unknown = sum(1 for verdict in pool.map(now.judge, records) if verdict)
+    if marker.get("mode") != "shard" and now.kind is None:
+        names = set(now.expected) if now.listed is not None else set(list_dataset_files(src))
         missing = sorted(names - {r.source for r in records})
         if missing and records:
             raise StagingError(
                 f"{src} has {len(missing)} file(s) that {dest} lacks (first: {missing[0]}); stage again"
             )
-    how = "manifest checksums and identity" if listed is not None else "size, mtime, ctime and inode"
+    how = "manifest checksums and identity" if now.listed is not None else "size, mtime, ctime and inode"
     line = f"checked against source {src}: {len(records) - unknown} files unchanged since staged ({how})"
     return line + (f"; {unknown} without a record of their source (not checked)" if unknown else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _SourceNow:
+    """A staged copy's source as it is now, to judge each staged file's record against."""
+
+    dest: Path
+    src: Path
+    kind: str | None
+    """The archive's kind; None for a directory."""
+    listed: Manifest | None
+    """The source's manifest now (an archive's sidecar one); None without one."""
+    listing: Path
+    """Where that manifest is, or would be."""
+    expected: dict[str, FileEntry]
+    """That manifest's files by path."""
+    archive_now: str
+    """The archive's identity now ("" for a directory)."""
+
+    def judge(self, record: Staged) -> str:
+        """'' when the record's source is unchanged; 'unknown' when nothing can tell."""
+        entry = self.expected.get(record.source)
+        if self.listed is not None and (entry is None or entry.checksum != record.source_checksum):
+            raise StagingError(
+                f"staged file {self.dest / record.path} was copied from {record.source}, which "
+                f"{self.listing} now lists {'with another checksum' if entry else 'no longer'}; stage again"
+            )
+        if not record.origin:
+            return "" if entry is not None else "unknown"
+        now = self.archive_now if self.kind is not None else current_identity(self.src / record.source)
+        if now != record.origin:
+            what = (
+                f"the archive {self.src}"
+                if self.kind is not None
+                else f"its source {self.src / record.source}"
+            )
+            raise StagingError(
+                f"staged file {self.dest / record.path} is stale: {what} changed or went since it was "
+                "copied (size, mtime, ctime or inode); stage again"
+            )
+        return ""
+
+
+def _source_now(dest: Path, src: Path) -> _SourceNow:
+    kind = archives.archive_kind(src) if src.is_file() else None
+    listing = archives.sidecar_manifest(src) if kind is not None else src / MANIFEST_NAME
+    try:
+        listed = Manifest.read(listing) if listing.is_file() else None
+    except StagingError as e:
+        raise StagingError(f"{e} (the source of {dest})") from e
+    return _SourceNow(
+        dest=dest,
+        src=src,
+        kind=kind,
+        listed=listed,
+        listing=listing,
+        expected={f.path: f for f in listed.files} if listed is not None else {},
+        archive_now=current_identity(src) if kind is not None else "",
+    )

@@ -48,50 +48,19 @@ def copy_in_processes(
 
     The workers are started from the calling thread, which outlives them: the kernel's
     parent-death signal is tied to the thread that started a process, not to the process."""
-    todo = batches(entries)
-    lock = threading.Lock()
-    done: list[Staged] = []
-    errors: list[str] = []
-    setup = json.dumps({**asdict(job), "options": asdict(job.options)})
-
-    def drive(worker: subprocess.Popen[str]) -> None:
-        assert worker.stdin is not None and worker.stdout is not None
-        try:
-            worker.stdin.write(setup + "\n")
-            while True:
-                with lock:
-                    if errors or not todo:
-                        return
-                    batch = todo.pop()
-                worker.stdin.write(json.dumps([[f.path, f.size, f.checksum] for f in batch]) + "\n")
-                reply = json.loads(worker.stdout.readline() or '{"error": "a copy worker process died"}')
-                with lock:
-                    if "error" in reply:
-                        errors.append(reply["error"])
-                        return
-                    staged = [Staged(*fields) for fields in reply["staged"]]
-                    done.extend(staged)
-                on_done(staged)
-        except (OSError, ValueError):  # its pipe broke: it died (or was stopped)
-            with lock:
-                errors.append("a copy worker process died; rerun to resume")
-        finally:
-            with contextlib.suppress(OSError):
-                worker.stdin.close()
-            worker.wait()
-
+    feed = _Feed(entries, job, on_done)
     workers: list[subprocess.Popen[str]] = []
     try:
-        for _ in range(min(processes, len(todo))):
+        for _ in range(min(processes, len(feed.todo))):
             workers.append(_start_worker())
-        threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in workers]
+        threads = [threading.Thread(target=feed.drive, args=(w,), daemon=True) for w in workers]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
     except BaseException:  # interrupted (Ctrl-C, SIGTERM): stop the workers, quietly, then go on up
-        with lock:
-            todo.clear()
+        with feed.lock:
+            feed.todo.clear()
         for worker in workers:
             with contextlib.suppress(OSError):
                 worker.kill()
@@ -99,9 +68,51 @@ def copy_in_processes(
             with contextlib.suppress(Exception):
                 worker.wait(timeout=10)
         raise
-    if errors:
-        raise StagingError(errors[0])
-    return done
+    if feed.errors:
+        raise StagingError(feed.errors[0])
+    return feed.done
+
+
+class _Feed:
+    """The batches left to copy, shared by the threads that drive the workers (one thread a
+    worker), and what the workers staged or the first errors they met."""
+
+    def __init__(
+        self, entries: Sequence[FileEntry], job: CopyJob, on_done: Callable[[list[Staged]], None]
+    ) -> None:
+        self.todo = batches(entries)
+        self.lock = threading.Lock()
+        self.done: list[Staged] = []
+        self.errors: list[str] = []
+        self.setup = json.dumps({**asdict(job), "options": asdict(job.options)})
+        self.on_done = on_done
+
+    def drive(self, worker: subprocess.Popen[str]) -> None:
+        """Send `worker` the job, then batch after batch, until none is left or one failed."""
+        assert worker.stdin is not None and worker.stdout is not None
+        try:
+            worker.stdin.write(self.setup + "\n")
+            while True:
+                with self.lock:
+                    if self.errors or not self.todo:
+                        return
+                    batch = self.todo.pop()
+                worker.stdin.write(json.dumps([[f.path, f.size, f.checksum] for f in batch]) + "\n")
+                reply = json.loads(worker.stdout.readline() or '{"error": "a copy worker process died"}')
+                with self.lock:
+                    if "error" in reply:
+                        self.errors.append(reply["error"])
+                        return
+                    staged = [Staged(*fields) for fields in reply["staged"]]
+                    self.done.extend(staged)
+                self.on_done(staged)
+        except (OSError, ValueError):  # its pipe broke: it died (or was stopped)
+            with self.lock:
+                self.errors.append("a copy worker process died; rerun to resume")
+        finally:
+            with contextlib.suppress(OSError):
+                worker.stdin.close()
+            worker.wait()
 
 
 def _start_worker() -> subprocess.Popen[str]:
