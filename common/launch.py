@@ -102,53 +102,37 @@ def uniform_layout(rank: int, world_size: int, local_size: int) -> NodeLayout:
     )
 
 
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_OPEN_MPI_VARS = (
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+)
+_PMI_VARS = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+_SLURM_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None)
+"""Each launcher's rank, world size, local rank and local world size (srun: from its tasks per node)."""
+
+
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read the launcher's variables; torchrun wins, then MPI, then an srun step, else single."""
     env = os.environ if env is None else env
     if "TORCHELASTIC_RUN_ID" in env or {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= env.keys():
-        return _from_vars(
-            env,
-            "torchrun",
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            master="127.0.0.1",
-        )
+        return _from_vars(env, "torchrun", *_TORCHRUN_VARS, master="127.0.0.1")
     if "OMPI_COMM_WORLD_SIZE" in env:
-        return _from_vars(
-            env,
-            "mpi",
-            "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE",
-            master="127.0.0.1",
-        )
+        return _from_vars(env, "mpi", *_OPEN_MPI_VARS, master="127.0.0.1")
     if "PMI_SIZE" in env and "PMI_RANK" in env:
-        return _from_vars(
-            env,
-            "mpi",
-            "PMI_RANK",
-            "PMI_SIZE",
-            "MPI_LOCALRANKID",
-            "MPI_LOCALNRANKS",
-            master="127.0.0.1",
-        )
+        return _from_vars(env, "mpi", *_PMI_VARS, master="127.0.0.1")
     # SLURM_STEP_NUM_TASKS exists only inside an srun step, not in the batch script itself.
     if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:
-        info = _from_vars(
+        return _from_vars(
             env,
             "slurm",
-            "SLURM_PROCID",
-            "SLURM_STEP_NUM_TASKS",
-            "SLURM_LOCALID",
-            None,
+            *_SLURM_VARS,
             master=first_slurm_host(env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", ""))),
             local_size=slurm_tasks_on_first_node(env.get("SLURM_STEP_TASKS_PER_NODE", "")),
             default_port=DEFAULT_MASTER_PORT + int(env.get("SLURM_JOB_ID", "0")) % 1000,
         )
-        return info
     return LaunchInfo(
         launcher="single",
         rank=0,
