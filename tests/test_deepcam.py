@@ -50,7 +50,7 @@ def test_mini_model_maps_fields_to_class_logits_at_input_size() -> None:
     net = model.build_model(make_cfg())
     out = net(torch.randn(2, 16, 96, 144))
     assert out.shape == (2, 3, 96, 144)
-    assert model.parameter_count(net) < 200_000  # CPU-sized
+    assert model.parameter_count(net) < 1_000_000  # CPU-sized (520k at width 1/8)
 
 
 def test_full_model_has_the_reference_size_and_output_shape() -> None:
