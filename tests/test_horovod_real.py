@@ -8,7 +8,9 @@ that failed, these tests skip and say so (the CI log holds the build's last line
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -64,9 +66,27 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command, env=env, cwd=cwd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False
-    )
+    """`command` to its end, or killed with its process group after LAUNCH_TIMEOUT_S: a Horovod
+    collective that never completes waits forever (horovodrun's workers die with it)."""
+    with subprocess.Popen(
+        command,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            pytest.fail(
+                f"{Path(command[0]).name} ran past {LAUNCH_TIMEOUT_S} s (a collective that never "
+                f"completed?); killed\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+            )
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def output(proc: subprocess.CompletedProcess[str]) -> str:
