@@ -165,19 +165,7 @@ def score_entry(
     files = [analyses[str(p)] for p in entry.result_files]
     pruned = [analyses[str(p)] for p in entry.pruned_files]
     division = _division(system, files)
-    findings: list[Finding] = [
-        *check_benchmark_name(entry, ruleset),
-        *check_run_count(entry),
-        *check_stray_files(entry),
-    ]
-    for analysis in files:
-        findings += check_log_file(analysis)
-    findings += check_pruned_logs(pruned)
-    findings += check_seeds(entry.path, files, closed=division == "closed")
-    findings += check_pruned_seeds(files, pruned, closed=division == "closed")
-    findings += check_run_scale(entry.path, files)
-    findings += check_logs_against_system(entry, [*files, *pruned], system)
-    findings += check_scale_claim(entry, [*files, *pruned], system)
+    findings = _entry_checks(entry, files, pruned, ruleset, system, closed=division == "closed")
     score, score_findings = _score(entry, files)
     known = entry.benchmark in required_benchmarks()
     rcp, factor, rcp_findings = entry_rcp(entry, files, ruleset, closed=division == "closed" and known)
@@ -210,6 +198,33 @@ def score_entry(
         energy_total_j=None if energy is None else energy.total_j,
         models_per_kwh=None if energy is None else energy.models_per_kwh,
     )
+
+
+def _entry_checks(
+    entry: EntryDir,
+    files: list[LogAnalysis],
+    pruned: list[LogAnalysis],
+    ruleset: str,
+    system: SystemDesc,
+    *,
+    closed: bool,
+) -> list[Finding]:
+    """Whether the entry is well formed, apart from its score: its layout and run count, each
+    log, the seeds, the runs' scale, and the logs against the system they claim."""
+    findings: list[Finding] = [
+        *check_benchmark_name(entry, ruleset),
+        *check_run_count(entry),
+        *check_stray_files(entry),
+    ]
+    for analysis in files:
+        findings += check_log_file(analysis)
+    findings += check_pruned_logs(pruned)
+    findings += check_seeds(entry.path, files, closed=closed)
+    findings += check_pruned_seeds(files, pruned, closed=closed)
+    findings += check_run_scale(entry.path, files)
+    findings += check_logs_against_system(entry, [*files, *pruned], system)
+    findings += check_scale_claim(entry, [*files, *pruned], system)
+    return findings
 
 
 def required_benchmarks() -> set[str]:

@@ -118,8 +118,20 @@ def check_logs_against_system(
     desc = system.fields
     if desc is None:
         return []  # load_system already reported why
-    json_name = system_json_path(entry.org_dir, entry.system).relative_to(entry.org_dir).as_posix()
     findings: list[Finding] = []
+    for key, attribute, expected, agrees, fix in _claims(entry, desc):
+        values, first = _logged(files, attribute)
+        findings += _field_check(key, values, first, expected, agrees, fix, entry.path)
+    return findings
+
+
+_Claim = tuple[str, str, str, Callable[[Any], bool], str]
+"""(MLLOG key, its LogAnalysis attribute, what it must agree with, the check, the fix)."""
+
+
+def _claims(entry: EntryDir, desc: dict[str, Any]) -> list[_Claim]:
+    """What the folders and the system description say each logged key must be: a table."""
+    json_name = system_json_path(entry.org_dir, entry.system).relative_to(entry.org_dir).as_posix()
     orgs = [entry.submitter, *([desc["submitter"]] if isinstance(desc.get("submitter"), str) else [])]
     platforms = [entry.system, *([desc["system_name"]] if isinstance(desc.get("system_name"), str) else [])]
     nodes, accelerators = _int(desc.get("number_of_nodes")), _int(desc.get("accelerators_per_node"))
@@ -130,7 +142,7 @@ def check_logs_against_system(
             n == nodes if entry.scaling == "strong" else n is not None and 0 < n <= nodes
         )
 
-    checks: list[tuple[str, str, str, Callable[[Any], bool], str]] = [
+    return [
         (
             "submission_org",
             "org",
@@ -175,10 +187,6 @@ def check_logs_against_system(
             "log the accelerators each node used as accelerators_per_node",
         ),
     ]
-    for key, attribute, expected, agrees, fix in checks:
-        values, first = _logged(files, attribute)
-        findings += _field_check(key, values, first, expected, agrees, fix, entry.path)
-    return findings
 
 
 def _peak(intervals: Sequence[tuple[float, float, int]]) -> tuple[int, int]:

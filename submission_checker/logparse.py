@@ -245,45 +245,58 @@ def _number(value: Any) -> float | None:
 def parse_log(path: Path | str) -> RunLog:
     """Parse `path`; bad lines become `parse_errors`; an unreadable file, or one that is not a regular
     file, raises OSError (`safe_read.RefusedFile`)."""
-    mllog_lines: list[int] = []
-    errors: list[tuple[int, str]] = []
-    binary = False
-    long_line: tuple[int, int] | None = None
-    impossible: list[tuple[int, str]] = []
+    lines = _Lines()
     state = _Collector()
     rcp = RcpReader()
     with safe_read.open_text(path) as handle:
         for number, text in enumerate(handle, start=1):
-            binary = binary or "\x00" in text
+            lines.binary = lines.binary or "\x00" in text
             if TOKEN not in text:
                 continue
-            mllog_lines.append(number)
-            if long_line is None and len(text) > MAX_MLLOG_LINE_CHARS:
-                long_line = (number, len(text))
+            lines.mllog.append(number)
+            if lines.long_line is None and len(text) > MAX_MLLOG_LINE_CHARS:
+                lines.long_line = (number, len(text))
             part = json_part(text)
             if part is None:
-                errors.append((number, "nothing after ':::MLLOG'"))
+                lines.errors.append((number, "nothing after ':::MLLOG'"))
                 continue
             raw: Any = None
             try:
                 raw = _load(part)
                 record = _validate(raw)
             except ValueError as e:
-                errors.append((number, str(e)))
+                lines.errors.append((number, str(e)))
                 rcp.feed(part, number, raw)
                 continue
             why = impossible_time(record["time_ms"])
             if why is not None:
-                impossible.append((number, why))
+                lines.impossible.append((number, why))
                 continue  # neither the timing nor the RCP reading may take it
             state.add(record, number)
             rcp.feed(part, number, raw)
+    return _run_log(path, lines, state, rcp.result())
+
+
+@dataclass
+class _Lines:
+    """What one pass saw of the file's lines, beside their events."""
+
+    mllog: list[int] = field(default_factory=list)
+    """The numbers of the lines with ':::MLLOG'."""
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    binary: bool = False
+    long_line: tuple[int, int] | None = None
+    impossible: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _run_log(path: Path | str, lines: _Lines, state: _Collector, rcp: RcpRead) -> RunLog:
+    """The RunLog of one pass: its lines, the run's interval and the first value of each key."""
     start, stop, first = state.start, state.stop, state.first
     return RunLog(
         path=str(path),
-        mllog_lines=tuple(mllog_lines),
-        parse_errors=tuple(errors),
-        binary=binary,
+        mllog_lines=tuple(lines.mllog),
+        parse_errors=tuple(lines.errors),
+        binary=lines.binary,
         run_start_ms=None if start is None else start[0],
         run_start_line=None if start is None else start[1],
         run_stop_ms=None if stop is None else stop[0],
@@ -298,8 +311,8 @@ def parse_log(path: Path | str) -> RunLog:
         staging_before_run_start=state.staging_first,
         backwards=None if not state.backwards else (state.backwards, state.backwards_line or 0),
         evals=tuple(state.evals),
-        rcp=rcp.result(),
-        long_line=long_line,
+        rcp=rcp,
+        long_line=lines.long_line,
         achieved_flops_per_s=_number(first.get(ACHIEVED_FLOPS)),
         valid_flops=_number(first.get(VALID_FLOPS)),
         loop_mode=_text(first.get(LOOP_MODE)) or "target",
@@ -311,7 +324,7 @@ def parse_log(path: Path | str) -> RunLog:
         status=first.get("submission_status"),
         staging_ms=state.staging_ms,
         throughputs=tuple(state.throughputs),
-        impossible=tuple(impossible),
+        impossible=tuple(lines.impossible),
     )
 
 

@@ -26,6 +26,9 @@ from mlhpc.common.waiting import say_if_slow
 from mlhpc.common.writable import refuse_output_over_inputs
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from mlhpc.submission_checker.logparse import RunLog
 
 MAX_RUNS = 200
@@ -249,7 +252,6 @@ def variability_command(
     """`mlhpc variability DIR`: print each entry's table and write the distributions' PNG."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     if plot is not None:  # before the reading: a plot over a log it reads is refused up front
         plot = refuse_output_over_inputs(plot, [folder], "--plot", suffixes=(".png",))
@@ -262,47 +264,60 @@ def variability_command(
         ]
     console = Console(width=shutil.get_terminal_size().columns, highlight=False)
     for result in results:
-        # Folder names are data, not markup: "[/x]" in one must not stop the table.
-        console.print(f"[bold]{escape(shown(result.entry))}[/bold]: {len(result.runs)} successful runs")
-        table = Table()
-        for column in ("run", "seed", "epochs to target", "minutes to target"):
-            table.add_column(column, justify="right")
-        if result.valid_flops is not None:
-            table.add_column("Valid GFLOPS", justify="right")
-        for run in result.runs:
-            vflops = [] if result.valid_flops is None else [_gflops(run.valid_flops)]
-            table.add_row(
-                escape(shown(Path(run.path).stem)),
-                str(run.seed),
-                f"{run.epochs:g}",
-                f"{run.minutes:.3f}",
-                *vflops,
-            )
-        for label, spread in (("mean", "mean"), ("std", "std")):
-            table.add_row(
-                label, "", f"{getattr(result.epochs, spread):.3f}", f"{getattr(result.minutes, spread):.3f}"
-            )
-        table.add_row("cv", "", f"{result.epochs.cv:.1%}", f"{result.minutes.cv:.1%}")
-        console.print(table)
-        olympic = (
-            f"{result.olympic_minutes:.3f} min" if result.olympic_minutes is not None else "n/a (<3 runs)"
-        )
-        if result.valid_flops is not None:
-            v = result.valid_flops
-            console.print(
-                f"HPC AI500 Valid FLOPS over {len(v.values)} fixed-epoch runs: mean {v.mean / 1e9:.4g} "
-                f"GFLOPS, cv {v.cv:.1%} (FLOPS over run_start..run_stop x (quality / target)^n)"
-            )
-        needed = str(result.runs_needed) if result.runs_needed is not None else f"more than {MAX_RUNS}"
-        console.print(
-            f"olympic mean {olympic}; to tell two systems {result.difference:.0%} apart at "
-            f"{result.confidence:.0%} confidence, each needs {needed} runs (time-to-train cv "
-            f"{result.minutes.cv:.1%})\n"
-        )
+        _print_entry(console, result)
     if plot is not None:
         plot_distributions(results, plot)
         console.print(f"wrote {escape(shown(plot))}")
     return results
+
+
+def _print_entry(console: Console, result: Variability) -> None:
+    """One entry: its runs' table, then the olympic mean, the Valid FLOPS and the runs needed."""
+    from rich.markup import escape
+
+    # Folder names are data, not markup: "[/x]" in one must not stop the table.
+    console.print(f"[bold]{escape(shown(result.entry))}[/bold]: {len(result.runs)} successful runs")
+    console.print(_runs_table(result))
+    olympic = f"{result.olympic_minutes:.3f} min" if result.olympic_minutes is not None else "n/a (<3 runs)"
+    if result.valid_flops is not None:
+        v = result.valid_flops
+        console.print(
+            f"HPC AI500 Valid FLOPS over {len(v.values)} fixed-epoch runs: mean {v.mean / 1e9:.4g} "
+            f"GFLOPS, cv {v.cv:.1%} (FLOPS over run_start..run_stop x (quality / target)^n)"
+        )
+    needed = str(result.runs_needed) if result.runs_needed is not None else f"more than {MAX_RUNS}"
+    console.print(
+        f"olympic mean {olympic}; to tell two systems {result.difference:.0%} apart at "
+        f"{result.confidence:.0%} confidence, each needs {needed} runs (time-to-train cv "
+        f"{result.minutes.cv:.1%})\n"
+    )
+
+
+def _runs_table(result: Variability) -> Table:
+    """Each run's seed, epochs and minutes to target (and Valid GFLOPS), then mean, std and cv."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table()
+    for column in ("run", "seed", "epochs to target", "minutes to target"):
+        table.add_column(column, justify="right")
+    if result.valid_flops is not None:
+        table.add_column("Valid GFLOPS", justify="right")
+    for run in result.runs:
+        vflops = [] if result.valid_flops is None else [_gflops(run.valid_flops)]
+        table.add_row(
+            escape(shown(Path(run.path).stem)),
+            str(run.seed),
+            f"{run.epochs:g}",
+            f"{run.minutes:.3f}",
+            *vflops,
+        )
+    for label, spread in (("mean", "mean"), ("std", "std")):
+        table.add_row(
+            label, "", f"{getattr(result.epochs, spread):.3f}", f"{getattr(result.minutes, spread):.3f}"
+        )
+    table.add_row("cv", "", f"{result.epochs.cv:.1%}", f"{result.minutes.cv:.1%}")
+    return table
 
 
 def plot_distributions(results: Sequence[Variability], path: Path) -> None:
