@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import datetime
 import json
 import math
@@ -680,27 +681,53 @@ def summarize(rows: list[dict]) -> dict[tuple[int, str], Point]:
     return {k: Point(statistics.median(v), min(v), max(v), len(v)) for k, v in groups.items()}
 
 
-def report(rows: list[dict], sizes: Sequence[int], setup: Setup) -> tuple[str, float | None, float | None]:
-    """The markdown table (nodes x mode: median, spread, model), the measured crossover and the
-    model's."""
+@dataclass(frozen=True)
+class Findings:
+    table: str
+    """Markdown: nodes x mode, the measured median (min-max) beside the model's seconds."""
+    measured: float | None
+    """The measured crossover copy/replicate (nodes)."""
+    predicted: float | None
+    """The model's, from the shaped rates alone."""
+    predicted_gather: float | None
+    """The model's, with the exchange's all-gather at its measured rate."""
+
+
+def report(rows: list[dict], sizes: Sequence[int], setup: Setup) -> Findings:
+    """The table and the crossovers; `setup` carries the measured all-gather rates, if any."""
+    links = dataclasses.replace(setup, allgather_bytes_s=())
     points = summarize(rows)
     counts = sorted({n for n, m in points if m in MODES})
     lines = [
-        "| nodes | " + " | ".join(f"{m}: measured (min-max) | {m}: model" for m in MODES) + " |",
-        "|---:|" + "---:|---:|" * len(MODES),
+        "| nodes | copy | model | replicate | model | model, measured all-gather | shard | model |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in counts:
         cells = []
         for m in MODES:
             p = points.get((n, m))
             cells.append(f"{p.median:.1f} ({p.low:.1f}-{p.high:.1f})" if p else "-")
-            cells.append(f"{model_seconds(m, n, sizes, setup):.1f}")
+            cells.append(f"{model_seconds(m, n, sizes, links):.1f}")
+            if m == "replicate":
+                cells.append(f"{model_seconds(m, n, sizes, setup):.1f}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     both = [n for n in counts if (n, "copy") in points and (n, "replicate") in points]
-    measured = crossover(
-        both, [points[n, "copy"].median for n in both], [points[n, "replicate"].median for n in both]
+    largest = max(both, default=1)
+    return Findings(
+        "\n".join(lines),
+        crossover(
+            both, [points[n, "copy"].median for n in both], [points[n, "replicate"].median for n in both]
+        ),
+        model_crossover(sizes, links, largest),
+        model_crossover(sizes, setup, largest),
     )
-    return "\n".join(lines), measured, model_crossover(sizes, setup, max(both, default=1))
+
+
+def allgather_table(setup: Setup) -> str:
+    lines = ["| nodes | all-gather, MB/s into each node | of the link's payload rate |", "|---:|---:|---:|"]
+    for n, rate in setup.allgather_bytes_s:
+        lines.append(f"| {n} | {rate / 1e6:.2f} | {rate / setup.link_bytes_s:.0%} |")
+    return "\n".join(lines)
 
 
 def cpu_table(rows: list[dict]) -> str:
@@ -734,7 +761,7 @@ def plot(
     sizes: Sequence[int],
     setup: Setup,
     png: Path,
-    crossings: tuple[float | None, float | None],
+    found: Findings,
 ) -> None:
     import matplotlib
 
@@ -759,19 +786,18 @@ def plot(
             [points[n, m].high - points[n, m].median for n in have],
         ]
         ax.errorbar(have, med, yerr=err, fmt="o", color=colors[m], capsize=3, label=f"{labels[m]}, measured")
-        ax.plot(
-            grid,
-            [model_seconds(m, n, sizes, setup) for n in grid],
-            "--",
-            color=colors[m],
-            alpha=0.8,
-            label="model",
+        links = dataclasses.replace(setup, allgather_bytes_s=())
+        model = [model_seconds(m, n, sizes, links) for n in grid]
+        ax.plot(grid, model, "--", color=colors[m], alpha=0.8, label="model (shaped rates)")
+        if m == "replicate" and setup.allgather_bytes_s:
+            gathered = [model_seconds(m, n, sizes, setup) for n in grid]
+            ax.plot(grid, gathered, ":", color=colors[m], label="model, measured all-gather")
+    if found.measured:
+        ax.axvline(found.measured, color="0.2", lw=1, label=f"crossover measured: {found.measured:.2f} nodes")
+    if found.predicted:
+        ax.axvline(
+            found.predicted, color="0.5", lw=1, ls="--", label=f"crossover model: {found.predicted:.2f}"
         )
-    measured, predicted = crossings
-    if measured:
-        ax.axvline(measured, color="0.3", lw=1, label=f"crossover measured: {measured:.2f} nodes")
-    if predicted:
-        ax.axvline(predicted, color="0.3", lw=1, ls=":", label=f"crossover model: {predicted:.2f} nodes")
     ax.set_xlabel("nodes")
     ax.set_ylabel("staging time (s, rank 0's stage_dataset)")
     ax.set_xticks(grid)
@@ -789,6 +815,8 @@ def plot(
 
 
 def setup_from_rows(rows: list[dict]) -> Setup:
+    """The setup the rows were measured with: the shaped rates, t0 (the median tiny staging on
+    one node) and the all-gather's rate per node count (median over its repeats)."""
     tiny = [float(r["stage_s"]) for r in rows if r["mode"] == "tiny" and r["nodes"] == "1"]
     link = {r["link"] for r in rows if r["mode"] in MODES}
     fs = {r["fs"] for r in rows if r["mode"] in MODES}
@@ -796,10 +824,15 @@ def setup_from_rows(rows: list[dict]) -> Setup:
         raise StudyError(
             f"the CSV mixes link rates {sorted(link)} or file-system rates {sorted(fs)}: one setup a CSV"
         )
+    gathers: dict[int, list[float]] = {}
+    for r in rows:
+        if r["mode"] == "allgather":
+            gathers.setdefault(int(r["nodes"]), []).append(int(r["dataset_bytes"]) / float(r["stage_s"]))
     return Setup(
         link_bit_s=bits_per_s(link.pop()),
         fs_bit_s=bits_per_s(fs.pop()),
         overhead_s=statistics.median(tiny) if tiny else 0.0,
+        allgather_bytes_s=tuple(sorted((n, statistics.median(v)) for n, v in gathers.items())),
     )
 
 
@@ -808,18 +841,25 @@ def cmd_report(args: argparse.Namespace) -> None:
     rows = read_rows(out / "cluster_staging.csv")
     setup = setup_from_rows(rows)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else dataset_sizes(load_setup(args.name))
-    table, measured, predicted = report(rows, sizes, setup)
-    error = abs(predicted - measured) / measured if measured and predicted else math.nan
+    found = report(rows, sizes, setup)
+
+    def nodes(x: float | None) -> str:
+        if x is None:
+            return "none"
+        apart = (
+            f" ({abs(x - found.measured) / found.measured:.0%} from the measured)" if found.measured else ""
+        )
+        return f"{x:.2f}{apart}"
+
     text = (
-        f"{table}\n\nt0 (fixed cost, tiny dataset, 1 node): {setup.overhead_s:.2f} s. "
-        f"Crossover copy/replicate: measured {measured if measured is None else f'{measured:.2f}'} nodes, "
-        f"model {predicted if predicted is None else f'{predicted:.2f}'} nodes ({error:.0%} apart).\n\n"
-        f"{cpu_table(rows)}\n"
+        f"{found.table}\n\nSeconds: rank 0's staging time, median (min-max) of the repeats; t0 (tiny dataset, "
+        f"1 node) = {setup.overhead_s:.2f} s.\n\nCrossover copy/replicate: measured {nodes(found.measured)}; "
+        f"model {nodes(found.predicted)}; model with the measured all-gather {nodes(found.predicted_gather)}.\n\n"
+        f"{allgather_table(setup)}\n\n{cpu_table(rows)}\n"
     )
     (out / "cluster_staging.md").write_text(text)
-    plot(
-        rows, sizes, setup, Path(args.png) if args.png else out / "cluster_staging.png", (measured, predicted)
-    )
+    png = Path(args.png) if args.png else out / "cluster_staging.png"
+    plot(rows, sizes, setup, png, found)
     print(text)
 
 

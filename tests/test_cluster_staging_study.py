@@ -119,20 +119,29 @@ def test_the_report_puts_the_model_beside_each_median_and_finds_both_crossovers(
     }
     setup = cs.setup_from_rows(rows(measured))
     assert setup.overhead_s == pytest.approx(0.04) and setup.link_bit_s == 50e6
-    table, found, predicted = cs.report(rows(measured), SIZES, setup)
+    found = cs.report(rows(measured), SIZES, setup)
+    table = found.table
 
     def model(mode: str, n: int) -> str:
         return f"{cs.model_seconds(mode, n, SIZES, setup):.1f}"
 
-    assert (
-        f"| 2 | 23.0 (22.0-30.0) | {model('copy', 2)} | 28.0 (27.0-29.0) | {model('replicate', 2)} | - |"
-        in table
-    )
+    replicate = f"28.0 (27.0-29.0) | {model('replicate', 2)} | {model('replicate', 2)}"
+    assert f"| 2 | 23.0 (22.0-30.0) | {model('copy', 2)} | {replicate} | - | {model('shard', 2)} |" in table
     assert f"| 4 | 30.0 (29.0-31.0) | {model('copy', 4)} |" in table
     assert f"8.0 (7.0-9.0) | {model('shard', 4)} |" in table
     # copy - replicate: -5 at 2 nodes, +4 at 4 nodes
-    assert found == pytest.approx(2 + 2 * 5 / 9)
-    assert predicted == pytest.approx(cs.model_crossover(SIZES, setup, largest=4))
+    assert found.measured == pytest.approx(2 + 2 * 5 / 9)
+    assert found.predicted == pytest.approx(cs.model_crossover(SIZES, setup, largest=4))
+    assert found.predicted_gather == found.predicted  # no all-gather measured: the link's rate
+    # an all-gather measured alone on 4 nodes at a third of the link: replicate's model, slower
+    # there than copy, crosses no more within 4 nodes
+    gathers = [
+        {**rows({(4, "allgather"): [s]})[0], "dataset_bytes": str(16 * MIB + HEADER)}
+        for s in (9.0, 8.0, 30.0)
+    ]
+    slow = cs.setup_from_rows(rows(measured) + gathers)
+    assert slow.allgather_bytes_s == ((4, (16 * MIB + HEADER) / 9.0),)
+    assert cs.report(rows(measured), SIZES, slow).predicted_gather is None
     with pytest.raises(cs.StudyError, match="mixes"):
         cs.setup_from_rows([*rows(measured), {**rows(measured)[0], "link": "100mbit"}])
 
