@@ -223,11 +223,17 @@ def test_slurm_campaign_runs_to_a_checked_submission(slurm_cluster: SlurmCluster
     env = slurm_cluster.env(OMP_NUM_THREADS="1", MLHPC_LOCAL_DIR=str(tmp_path / "local"))
     command = [PYTHON, "-m", "mlhpc", "run", "cosmoflow", "--slurm", "--seeds", "2", "--first-seed", "41"]
     command += ["--out", str(out), "--slurm-ntasks-per-node", "1", "--slurm-time", "00:10:00", *CAMPAIGN]
+    dry = run([*command, "--dry-run"], env, tmp_path, timeout=60)
+    assert dry.returncode == 0 and not out.exists(), output(dry)
     proc = run(command, env, tmp_path, timeout=60)
     assert proc.returncode == 0, output(proc)
     jobs = json.loads((out / "slurm" / "jobs.json").read_text())
     assert {i: s["seed"] for i, s in jobs["seeds"].items()} == {"0": 41, "1": 42}
     assert f"check job {jobs['check']}" in proc.stdout
+    # The dry run printed the graph that was submitted: the same scripts, one per job.
+    scripts = sorted((out / "slurm").glob("*.sbatch"))
+    assert [p.stem for p in scripts] == ["check", "generate", "seed_0", "seed_1"]
+    assert all(f"### {p}\n{p.read_text()}" in dry.stdout for p in scripts), dry.stdout
     # sbatch --wait on a job that starts only once the check job has ended.
     waited = run(
         [

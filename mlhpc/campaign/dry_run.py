@@ -18,7 +18,7 @@ import torch
 from mlhpc.campaign.io import campaign_request, plan_out, resolve_config
 from mlhpc.campaign.local import plan_line
 from mlhpc.campaign.options import RunOptions, check_planned
-from mlhpc.campaign.plan import CAMPAIGN_FILE, dataset_dir
+from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignPlan, dataset_dir
 from mlhpc.common.config import to_dict
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import ConfigError
@@ -41,13 +41,8 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     bench, cfg = resolved.benchmark, resolved.cfg
     ctx = _context(opts.device, opts.instances)
-    if ctx.world_size % opts.instances:
-        raise ConfigError(
-            f"--instances {opts.instances} does not divide the {ctx.world_size} rank(s); "
-            f"launch a multiple of {opts.instances} ranks"
-        )
-    ranks_per_model = ctx.world_size // opts.instances
-    cfg.loop.local_batch_size(ranks_per_model)
+    model_ctx = _model_context(ctx, opts.instances)
+    cfg.loop.local_batch_size(model_ctx.world_size)
     resolved.check_model(opts.config)
     scaling = "weak" if opts.instances > 1 else "strong"
     request = campaign_request(opts, resolved, scaling, stable_system_name(ctx))
@@ -68,9 +63,6 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
         platform=plan.system,
     )
     first_run = plan.to_run[0] if plan.to_run and scaling == "strong" else 0
-    model_ctx = replace(
-        ctx, world_size=ranks_per_model, num_nodes=max(1, ranks_per_model // ctx.local_world_size)
-    )
     log = MLLog(None, enabled=ctx.is_main, echo=True)
     log.event(constants.CACHE_CLEAR, value=opts.clear_cache)
     log.start(constants.INIT_START)
@@ -78,25 +70,49 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
         log.event(key, value)
     log.end(constants.INIT_STOP)
     if ctx.is_main:
-        loop = cfg.loop
-        data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)  # may refuse: before the write
-        # What will train first, the summary last (a site's script reads the last line).
-        view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
-        print(training_text(view))
-        if json_where is not None:
-            write_json(view, json_where)
-            print(f"wrote {shown(json_where)}")
-        runs = f"{opts.instances} instances at once" if opts.instances > 1 else f"{len(plan.to_run)} run(s)"
-        written = " but the --json file" if json_where else ""
-        print(plan_line(plan, opts, plan.data))
-        print(
-            f"dry run: {bench.name} --config {opts.config}, {runs} on {ranks_per_model} rank(s) each "
-            f"(batch {loop.local_batch_size(ranks_per_model)} per rank x {loop.gradient_accumulation_steps} "
-            f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
-            f"{resolve_memory_format(loop, bench, ctx.device)}, staging {opts.staging} run_start; "
-            f"data {data_text}. Nothing was trained, staged or written{written}."
-        )
+        _print_what_runs(opts, bench, cfg, plan, model_ctx, ctx.device, json_where)
     return 0
+
+
+def _model_context(ctx: DistContext, instances: int) -> DistContext:
+    """The ranks that train one model: all of them, or one instance's share."""
+    if ctx.world_size % instances:
+        raise ConfigError(
+            f"--instances {instances} does not divide the {ctx.world_size} rank(s); "
+            f"launch a multiple of {instances} ranks"
+        )
+    ranks = ctx.world_size // instances
+    return replace(ctx, world_size=ranks, num_nodes=max(1, ranks // ctx.local_world_size))
+
+
+def _print_what_runs(
+    opts: RunOptions,
+    bench: Any,
+    cfg: Any,
+    plan: CampaignPlan,
+    model_ctx: DistContext,
+    device: torch.device,
+    json_where: Path | None,
+) -> None:
+    """What will train, then the plan, then the summary line (a site's script reads the last)."""
+    loop = cfg.loop
+    data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)  # may refuse: before the write
+    view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
+    print(training_text(view))
+    if json_where is not None:
+        write_json(view, json_where)
+        print(f"wrote {shown(json_where)}")
+    ranks = model_ctx.world_size
+    runs = f"{opts.instances} instances at once" if opts.instances > 1 else f"{len(plan.to_run)} run(s)"
+    written = " but the --json file" if json_where else ""
+    print(plan_line(plan, opts, plan.data))
+    print(
+        f"dry run: {bench.name} --config {opts.config}, {runs} on {ranks} rank(s) each "
+        f"(batch {loop.local_batch_size(ranks)} per rank x {loop.gradient_accumulation_steps} "
+        f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
+        f"{resolve_memory_format(loop, bench, device)}, staging {opts.staging} run_start; "
+        f"data {data_text}. Nothing was trained, staged or written{written}."
+    )
 
 
 def _generated(opts: RunOptions, benchmark: str, cfg: object, data_dir: Path) -> str:

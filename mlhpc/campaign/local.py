@@ -151,17 +151,7 @@ def _train(
         power=power,
         progress=progress,
     )
-    if plan.scaling == "weak":
-        instance = group.instance or 0
-        campaign.results.append(runner.run(instance, plan.seeds[instance]))
-        ctx.barrier()  # the job ends when its last instance does
-    else:
-        clock = CampaignClock(total=len(plan.to_run))  # "seed 3 of 10, about 4:48 left"
-        for position, index in enumerate(plan.to_run, 1):
-            progress.say(clock.line(position), "bold")
-            started = time.monotonic()
-            campaign.results.append(runner.run(index, plan.seeds[index]))
-            clock.finished(time.monotonic() - started)
+    campaign.results.extend(_run_each(runner, plan, ctx, progress))
     failed = [(seed, result, path) for seed, result, path in campaign.results if result.status != "success"]
     if failed:
         seed, result, path = failed[0]
@@ -173,6 +163,26 @@ def _train(
             plan.submitter_dir, ruleset=s.ruleset, ruleset_reason=CAMPAIGN_RULESET
         )
     return campaign
+
+
+def _run_each(
+    runner: _SeedRunner, plan: CampaignPlan, ctx: DistContext, progress: Progress
+) -> list[tuple[int, RunResult, Path | None]]:
+    """Weak scaling: this rank's instance, at once with the others. Strong: the plan's runs one
+    after another, each with the seed the planner gave its index."""
+    if plan.scaling == "weak":
+        instance = runner.ctx.instance or 0
+        ran = [runner.run(instance, plan.seeds[instance])]
+        ctx.barrier()  # the job ends when its last instance does
+        return ran
+    ran = []
+    clock = CampaignClock(total=len(plan.to_run))  # "seed 3 of 10, about 4:48 left"
+    for position, index in enumerate(plan.to_run, 1):
+        progress.say(clock.line(position), "bold")
+        started = time.monotonic()
+        ran.append(runner.run(index, plan.seeds[index]))
+        clock.finished(time.monotonic() - started)
+    return ran
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,11 @@ class _SeedRunner:
             if ctx.local_rank == 0:
                 shutil.rmtree(owned, ignore_errors=True)
         written = log.close()
+        self._report(index, seed, result, written or path)
+        return seed, result, written or path
+
+    def _report(self, index: int, seed: int, result: RunResult, log: Path) -> None:
+        """The run's line for the person watching and, on rank 0, its time breakdown."""
         self.progress.say(
             seed_line(
                 seed=seed,
@@ -244,18 +259,10 @@ class _SeedRunner:
             ),
             "green" if result.status == "success" else "red",
         )
-        if ctx.is_main and result.breakdown is not None:
-            where = self.plan.breakdown_path(index)
-            atomic_write_json(
-                where,
-                {
-                    "result": str(written or path),
-                    "seed": seed,
-                    **result.breakdown.to_dict(),
-                    "threads": ctx.threads.as_record() if ctx.threads else None,
-                },
-            )
-        return seed, result, written or path
+        if self.ctx.is_main and result.breakdown is not None:
+            threads = self.ctx.threads.as_record() if self.ctx.threads else None
+            record = {"result": str(log), "seed": seed, **result.breakdown.to_dict(), "threads": threads}
+            atomic_write_json(self.plan.breakdown_path(index), record)
 
 
 def plan_line(plan: CampaignPlan, opts: RunOptions, data_dir: Path) -> str:

@@ -201,13 +201,7 @@ def plan_campaign(
     entry = recorded.entries.get(key) if recorded else None
     fresh = _scan(request, settings, scan)
     _check_entry(request, entry, fresh, where)
-    count = max(request.num_runs, entry.num_runs if entry and request.index is not None else 0)
-    if request.index is not None:
-        count = max(count, request.index + 1)
-    recorded_first = entry.first_seed if entry is not None else None
-    folder = fresh.folder or where.parent
-    first = campaign_first_seed(request.first_seed, recorded_first, fresh.finished, count, where, folder)
-    first = first or random_first_seed()
+    first, count = _first_seed_and_count(request, entry, fresh, where, random_first_seed)
     if request.index is not None:
         to_run: tuple[int, ...] = (request.index,)
     else:
@@ -216,12 +210,14 @@ def plan_campaign(
     config = entry.config if entry is not None else request.config
     new_entry = Entry(config=config, config_id=request.config_id, num_runs=count, first_seed=first)
     hardware = (recorded.hardware if recorded else None) or request.default_system
-    record = CampaignFile(
-        settings=settings,
-        entries={**(recorded.entries if recorded else {}), key: new_entry},
-        hardware=hardware,
-    )
+    entries = {**(recorded.entries if recorded else {}), key: new_entry}
+    record = CampaignFile(settings=settings, entries=entries, hardware=hardware)
     _check_extends(recorded, record, where)
+    data = (
+        request.data
+        if request.data is not None
+        else dataset_dir(request.out, request.benchmark, request.config)
+    )
     return CampaignPlan(
         out=Path(request.out),
         benchmark=request.benchmark,
@@ -231,12 +227,28 @@ def plan_campaign(
         seeds=tuple(seed_of(first, i) for i in range(count)),
         to_run=to_run,
         kept=tuple(sorted(i for i in fresh.finished if i not in to_run)),
-        data=Path(request.data)
-        if request.data is not None
-        else dataset_dir(request.out, request.benchmark, request.config),
+        data=Path(data),
         generated_data=request.data is None,
         record=record,
     )
+
+
+def _first_seed_and_count(
+    request: CampaignRequest,
+    entry: Entry | None,
+    fresh: ResultScan,
+    where: Path,
+    random_first_seed: Callable[[], int],
+) -> tuple[int, int]:
+    """The campaign's first seed (seeds.campaign_first_seed, else a drawn one) and its number of
+    runs: the request's, the recorded entry's for an --index run, and at least up to --index."""
+    count = max(request.num_runs, entry.num_runs if entry and request.index is not None else 0)
+    if request.index is not None:
+        count = max(count, request.index + 1)
+    recorded = entry.first_seed if entry is not None else None
+    folder = fresh.folder or where.parent
+    first = campaign_first_seed(request.first_seed, recorded, fresh.finished, count, where, folder)
+    return first or random_first_seed(), count
 
 
 def _settings(request: CampaignRequest, recorded: CampaignFile | None, where: Path) -> Settings:

@@ -91,6 +91,7 @@ def _campaign_options(group: argparse._ArgumentGroup) -> None:
         "--instances",
         type=int,
         default=1,
+        metavar="K",
         help="weak scaling: train this many models at once, one per group of ranks "
         "(a single process launches the ranks itself, one per instance)",
     )
@@ -189,12 +190,22 @@ def _dry_run_options(group: argparse._ArgumentGroup) -> None:
 
 def _slurm_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--slurm", action="store_true", help="submit the seeds as sbatch jobs and return")
-    group.add_argument("--slurm-nodes", type=int, default=1, help="nodes per seed job (default 1)")
     group.add_argument(
-        "--slurm-ntasks-per-node", type=int, default=1, help="ranks per node, one per GPU (default 1)"
+        "--slurm-nodes", type=int, default=1, metavar="N", help="nodes per seed job (default 1)"
     )
-    group.add_argument("--slurm-time", default="01:00:00", help="time limit per seed job (default 01:00:00)")
-    group.add_argument("--slurm-partition", default=None, help="partition (default: the cluster's)")
+    group.add_argument(
+        "--slurm-ntasks-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="ranks per node, one per GPU (default 1)",
+    )
+    group.add_argument(
+        "--slurm-time", default="01:00:00", metavar="TIME", help="time limit per seed job (default 01:00:00)"
+    )
+    group.add_argument(
+        "--slurm-partition", default=None, metavar="NAME", help="partition (default: the cluster's)"
+    )
     group.add_argument(
         "--sbatch-arg",
         action="append",
