@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -121,9 +122,16 @@ class LostRankError(StagingError):
     """A collective failed: another rank died or was killed, so the ranks cannot agree any more."""
 
 
+def rank_label(comm: Communicator) -> str:
+    """"rank 3 on node04": this rank, and the node to look at when its line is an error."""
+    return f"rank {comm.rank} on {socket.gethostname()}"
+
+
 def agree(comm: Communicator, error: str | None, value: Any = None) -> list[Any]:
     """All-gather (error, value) from every rank; raise the first error on every rank, naming
-    the rank it came from."""
+    the rank and the node it came from."""
+    if error and comm.collective and comm.size > 1 and not error.startswith("rank "):
+        error = f"{rank_label(comm)}: {error}"
     try:
         payloads = comm.allgather(json.dumps([error, value]).encode())
     except StagingError:
@@ -131,17 +139,22 @@ def agree(comm: Communicator, error: str | None, value: Any = None) -> list[Any]
     except Exception as e:
         raise lost_peer(comm, "a staging agreement", e) from e
     gathered = [json.loads(p) for p in payloads]
-    for rank, (other_error, _) in enumerate(gathered):
+    for other_error, _ in gathered:
         if other_error:
-            named = len(gathered) > 1 and not other_error.startswith("rank ")
-            raise StagingError(f"rank {rank}: {other_error}" if named else other_error)
+            raise StagingError(other_error)
     return [value for _, value in gathered]
 
 
 def lost_peer(comm: Communicator, what: str, error: BaseException) -> LostRankError:
-    """The error for a collective that failed because another rank died or was killed."""
-    reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    """The error for a collective that failed because another rank died, was killed or lost its
+    link: the node that stopped answering, when the communicator can tell (`lost()`)."""
+    text = " ".join(str(error).split())
+    if text.startswith("[") and "] " in text:  # gloo's source location
+        text = text.split("] ", 1)[1]
+    reason = text.split(". ", 1)[0].rstrip(".")[:200] or type(error).__name__
+    lost = getattr(comm, "lost", None)
+    who = (lost() if lost is not None else None) or "another rank died or was killed"
     return LostRankError(
-        f"rank {comm.rank}: {what} failed ({reason}): another rank died or was killed; "
+        f"{rank_label(comm)}: {what} failed ({reason}): {who}; "
         "nothing was marked staged, rerun to resume"
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.comm import Communicator, lost_peer
+from mlhpc.staging.comm import Communicator, lost_peer, rank_label
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.sink import BufferPool
 
@@ -131,7 +131,7 @@ def exchange_rounds(
         for r in range(rounds):
             send, error = prefetch.out.get()
             own = error or writer.error
-            _write_header(send, f"rank {comm.rank}: {own}" if own else None)
+            _write_header(send, f"{rank_label(comm)}: {own}" if own else None)
             received = pool.get(nodes * stride)
             try:
                 comm.peer_allgather(memoryview(send)[:stride], memoryview(received)[: nodes * stride])
@@ -161,7 +161,7 @@ def peer_have_sets(
     as a bitmap; raises a peer's error on every peer."""
     size = HEADER_BYTES + -(-len(files) // 8)
     send = bytearray(size)
-    _write_header(send, f"rank {comm.rank}: {error}" if error else None)
+    _write_header(send, f"{rank_label(comm)}: {error}" if error else None)
     for i, entry in enumerate(files):
         if entry.path in have:
             send[HEADER_BYTES + i // 8] |= 1 << (i % 8)

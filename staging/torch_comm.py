@@ -5,13 +5,12 @@ Imported only when a torch process group is used, so `mlhpc.staging` stays torch
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from mlhpc.common.distributed import gather_node_layout
+from mlhpc.common.distributed import gather_node_layout, join_group, lost_ranks, shutdown_distributed
 from mlhpc.common.launch import LaunchInfo, NodeLayout, uniform_layout
 from mlhpc.staging.comm import topology_of
 
@@ -50,14 +49,8 @@ class TorchComm:
     def launch(cls, launch: LaunchInfo, *, each_rank_a_node: bool = False) -> TorchComm:
         """Join (or reuse) a gloo group from the launcher's environment, as `mlhpc stage` does."""
         owns = not dist.is_initialized()
-        if owns:
-            dist.init_process_group(
-                backend="gloo",
-                init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
-                rank=launch.rank,
-                world_size=launch.world_size,
-                timeout=datetime.timedelta(minutes=10),
-            )
+        if owns:  # every collective times out after MLHPC_COLLECTIVE_TIMEOUT (600 s)
+            join_group("gloo", launch.master_addr, launch.master_port, launch.rank, launch.world_size)
         layout = uniform_layout(dist.get_rank(), dist.get_world_size(), 1) if each_rank_a_node else None
         return cls(layout, owns_group=owns)
 
@@ -87,7 +80,12 @@ class TorchComm:
     def peer_rank(self, node: int) -> int:
         return self._peers[node]
 
+    def lost(self) -> str | None:
+        """After a collective failed: the node(s) that stopped answering, as words for one line."""
+        silence = lost_ranks()
+        return silence.words() if silence is not None else None
+
     def close(self) -> None:
         """Destroy the process group if `launch` created it (leaving it to exit can abort)."""
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self._owns_group:
+            shutdown_distributed()

@@ -159,8 +159,9 @@ def test_a_rank_that_dies_leaves_nothing_marked_and_a_rerun_completes(dataset: P
     assert len(reports) == 1  # rank 1 was killed before it could report
     error = reports[0][0]["error"]
     assert re.fullmatch(
-        r"rank 0: (staging exchange round \d+/\d+|a staging agreement) failed \(.+\): another rank "
-        r"died or was killed; nothing was marked staged, rerun to resume",
+        rf"rank 0 on {re.escape(socket.gethostname())}: (staging exchange round \d+/\d+|a staging agreement) "
+        rf"failed \(.+\): {re.escape(socket.gethostname())} \(rank 1\) stopped answering: .+; check "
+        rf"{re.escape(socket.gethostname())}; nothing was marked staged, rerun to resume",
         error,
     ), error
     assert not (tmp_path / "n0" / STAGED_MARKER).exists() and not (tmp_path / "n1" / STAGED_MARKER).exists()

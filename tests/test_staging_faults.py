@@ -177,7 +177,7 @@ def test_every_rank_of_the_node_fails_with_the_holders_line(tmp_path: Path) -> N
     assert errors[0] == errors[1], errors
     lines = errors[0].strip().splitlines()
     assert len(lines) == 1, errors  # one line each, no traceback
-    assert lines[0].startswith(f"mlhpc: error: rank 0: {dest} is in use by pid {holder} on ")
+    assert lines[0].startswith(f"mlhpc: error: rank 0 on {socket.gethostname()}: {dest} is in use by pid {holder} on ")
     assert [p.name for p in dest.iterdir()] == [LOCK_NAME]
 
 
