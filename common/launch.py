@@ -179,18 +179,20 @@ def _from_vars(
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: 'n[003-005,9],gpu1' -> 'n003'."""
-    nodelist = nodelist.strip()
-    if not nodelist:
-        return "127.0.0.1"
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    if match is None:
-        return "127.0.0.1"
-    prefix, ranges = match.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
+    """The first host of a Slurm node list, as `scontrol show hostnames` gives it:
+    'n[003-005,9],gpu1' -> 'n003', and with several ranges in one name (multi-dimensional
+    clusters) 'rack[1-2]-node[01-04]' -> 'rack1-node01'."""
+    host, rest = "", nodelist.strip()
+    while rest and not rest.startswith(","):
+        if rest.startswith("["):
+            ranges, closed, rest = rest[1:].partition("]")
+            if not closed:
+                break  # not a node list: keep what came before the bracket
+            host += ranges.split(",")[0].split("-")[0]
+        else:
+            end = min((i for i in (rest.find(","), rest.find("[")) if i >= 0), default=len(rest))
+            host, rest = host + rest[:end], rest[end:]
+    return host or "127.0.0.1"
 
 
 def slurm_tasks_on_first_node(tasks_per_node: str) -> int | None:

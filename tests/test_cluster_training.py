@@ -171,6 +171,17 @@ def assert_trained_across(
 # A strong-scaling campaign through real sbatch, two nodes a seed
 
 
+@pytest.mark.parametrize(
+    "nodelist", ["node[01-02]", "n[003-005,9],gpu1", "login1", "rack[1-2]-node[01-04],x", "c[10-11]-g[2,4]"]
+)
+def test_the_rendezvous_host_is_the_first_scontrol_names(vcluster: VCluster, nodelist: str) -> None:
+    """An srun step's rank 0 sits on its node list's first host, where the others look for it."""
+    from mlhpc.common.launch import first_slurm_host
+
+    expanded = vcluster.exec("login", ["scontrol", "show", "hostnames", nodelist]).stdout.split()
+    assert first_slurm_host(nodelist) == expanded[0]
+
+
 def job_nodes(vcluster: VCluster, job: str) -> list[str]:
     """The hosts Slurm gave `job` (ended jobs stay known to slurmctld for MinJobAge, 300 s)."""
     shown = vcluster.exec("login", ["scontrol", "-o", "show", "job", job]).stdout

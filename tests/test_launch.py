@@ -72,6 +72,7 @@ def test_sbatch_script_outside_srun_is_single() -> None:
 
 def test_slurm_parsers() -> None:
     assert first_slurm_host("n[003-005,9],gpu1") == "n003"
+    assert first_slurm_host("rack[1-2]-node[01-04],x") == "rack1-node01"  # tests/test_cluster_training
     assert first_slurm_host("login1") == "login1"
     assert first_slurm_host("") == "127.0.0.1"
     assert slurm_tasks_on_first_node("2(x3),1") == 2
