@@ -5,10 +5,11 @@ mpirun inside a Slurm allocation, Horovod under srun.
 
 How a test knows the ranks sat on different hosts, not on one:
 - the MLLOG `number_of_nodes` and `systems/<system>.json`'s come from the ranks' host names
-  (gathered at init, `common/launch.node_layout`): two ranks on one host log 1;
+  (gathered at init, `common/launch.node_layout`; under Horovod, from MPI's ranks per host):
+  two ranks on one host log 1;
 - each node's switch port counts the bytes the node sent (`ip -s link` in the switch's
   namespace): at least one model's worth of gradients a training step (DDP all-reduces every
-  step), far more than the staged dataset, and none of it would cross a link were the ranks on
+  step), more than the staged dataset, and none of it would cross a link were the ranks on
   one host (loopback).
 
 Every client (sbatch, srun, salloc, torchrun, mpirun) runs on `login` or a node, never in the
