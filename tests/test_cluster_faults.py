@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -456,12 +457,17 @@ def test_a_node_killed_mid_training_stops_the_run_and_resume_finishes_it(
         "mlhpc", "run", "cosmoflow", "--config", "mini", "--seeds", "1", "--first-seed", "7",
         "--out", str(runs), "--data", str(data), "--local-dir", "/local/train-faults",
         "--system", "vc2", "--no-check", "data.num_train_samples=32", "data.num_eval_samples=8",
-        "loop.mode=fixed_epochs", "loop.max_epochs=12",
+        "loop.mode=fixed_epochs", "loop.max_epochs=16",
     ]  # fmt: skip
     out = work / "out"
     job = srun(cluster, ["node01", "node02"], argv, out)
     try:
-        wait_for(lambda: "epoch 2/12" in text_of(out / "node01.out"), 180, "epoch 2 on node01")
+        def second_epoch() -> bool:
+            if job.poll() is not None:
+                raise AssertionError(f"the run ended before its second epoch: {finish(job)}")
+            return re.search(r"epoch +2/16 ", text_of(out / "node01.out")) is not None
+
+        wait_for(second_epoch, 180, "epoch 2 on node01")
         victims = mine(cluster, str(runs)).get("node02", [])
         assert victims and job.poll() is None
         killed = time.monotonic()
