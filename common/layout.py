@@ -48,23 +48,23 @@ def required_run_count(benchmark: str) -> int | None:
     return None if found is None else found.strong_run_count
 
 
-def system_json_path(org_dir: Path, system: str) -> Path:
-    return Path(org_dir) / "systems" / f"{system}.json"
+def system_json_path(submitter_dir: Path, system: str) -> Path:
+    return Path(submitter_dir) / "systems" / f"{system}.json"
 
 
-def results_dir(org_dir: Path, system: str, scaling: Scaling, benchmark: str) -> Path:
-    return Path(org_dir) / "results" / system / scaling / benchmark
+def results_dir(submitter_dir: Path, system: str, scaling: Scaling, benchmark: str) -> Path:
+    return Path(submitter_dir) / "results" / system / scaling / benchmark
 
 
-def result_file(org_dir: Path, system: str, scaling: Scaling, benchmark: str, index: int) -> Path:
-    return results_dir(org_dir, system, scaling, benchmark) / f"result_{index}.txt"
+def result_file(submitter_dir: Path, system: str, scaling: Scaling, benchmark: str, index: int) -> Path:
+    return results_dir(submitter_dir, system, scaling, benchmark) / f"result_{index}.txt"
 
 
-def breakdown_file(org_dir: Path, system: str, scaling: Scaling, benchmark: str, index: int) -> Path:
+def breakdown_file(submitter_dir: Path, system: str, scaling: Scaling, benchmark: str, index: int) -> Path:
     """A run's time breakdown (JSON), kept beside the submission, not inside its results/ tree."""
-    org_dir = Path(org_dir)
-    return org_dir.parent / "breakdown" / org_dir.name / system / scaling / benchmark / f"result_{index}.json"
+    folder = Path(submitter_dir)
+    return folder.parent / "breakdown" / folder.name / system / scaling / benchmark / f"result_{index}.json"
 
 
-def implementation_dir(org_dir: Path, benchmark: str, implementation: str = "pytorch") -> Path:
-    return Path(org_dir) / "benchmarks" / benchmark / "implementations" / implementation
+def implementation_dir(submitter_dir: Path, benchmark: str, implementation: str = "pytorch") -> Path:
+    return Path(submitter_dir) / "benchmarks" / benchmark / "implementations" / implementation

@@ -47,12 +47,13 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class SubmissionInfo:
-    """The submission_* keys every MLLOG file carries."""
+    """The submission_* keys every MLLOG file carries (MLPerf names two of them submission_org and
+    submission_platform: mlhpc's submitter and system)."""
 
-    org: str
+    submitter: str
     division: Division = "closed"
     status: Status = "onprem"
-    platform: str
+    system: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,10 +299,10 @@ def init_events(
     the benchmark's hyperparameters (what `mlhpc run --dry-run` prints)."""
     return [
         (constants.SUBMISSION_BENCHMARK, bench.name),
-        (constants.SUBMISSION_ORG, submission.org),
+        (constants.SUBMISSION_ORG, submission.submitter),
         (constants.SUBMISSION_DIVISION, submission.division),
         (constants.SUBMISSION_STATUS, submission.status),
-        (constants.SUBMISSION_PLATFORM, submission.platform),
+        (constants.SUBMISSION_PLATFORM, submission.system),
         (constants.SEED, seed),
         ("number_of_nodes", ctx.num_nodes),
         ("accelerators_per_node", ctx.local_world_size if ctx.device.type == "cuda" else 0),

@@ -23,7 +23,7 @@ from .layout_checks import (
     check_run_count,
     check_stray_files,
     find_entries,
-    find_org_dirs,
+    find_submitter_dirs,
     link_out,
     load_system,
 )
@@ -237,16 +237,16 @@ def _gather(root: Path) -> tuple[list[EntryDir], dict[SystemKey, SystemDesc], li
     """Every entry, the system descriptions they name, and the findings about folders."""
     entries: list[EntryDir] = []
     systems: dict[SystemKey, SystemDesc] = {}
-    org_dirs, findings = find_org_dirs(root)
-    for org_dir in org_dirs:
-        org_entries, layout_findings = find_entries(org_dir, root)
-        entries += org_entries
+    submitter_dirs, findings = find_submitter_dirs(root)
+    for submitter_dir in submitter_dirs:
+        submitter_entries, layout_findings = find_entries(submitter_dir, root)
+        entries += submitter_entries
         findings += layout_findings
-        for name in sorted({e.system for e in org_entries}):
-            systems[(org_dir, name)] = load_system(org_dir, name, root)
-            findings += systems[(org_dir, name)].findings
-        for benchmark in sorted({e.benchmark for e in org_entries}):
-            findings += check_implementation(org_dir, benchmark)
+        for name in sorted({e.system for e in submitter_entries}):
+            systems[(submitter_dir, name)] = load_system(submitter_dir, name, root)
+            findings += systems[(submitter_dir, name)].findings
+        for benchmark in sorted({e.benchmark for e in submitter_entries}):
+            findings += check_implementation(submitter_dir, benchmark)
     return entries, systems, findings
 
 
@@ -294,7 +294,7 @@ def check_submission(
     analyses = analyse_logs(readable, choice.ruleset, jobs)
     analyses.update({name: _refused_link(Path(name), why) for name, why in links.items()})
     reports = tuple(
-        score_entry(e, analyses, choice.ruleset, root, systems[(e.org_dir, e.system)]) for e in entries
+        score_entry(e, analyses, choice.ruleset, root, systems[(e.submitter_dir, e.system)]) for e in entries
     )
     return CheckReport(
         root=str(root),

@@ -47,13 +47,13 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _org_matches(logged: Any, names: Sequence[str]) -> bool:
+def _submitter_matches(logged: Any, names: Sequence[str]) -> bool:
     wanted = _norm(logged)
     parts = {_norm(p) for n in names for p in [n, *_SPLIT_ORG.split(n)]}
     return bool(wanted) and wanted in parts
 
 
-def _platform_matches(logged: Any, names: Sequence[str]) -> bool:
+def _system_matches(logged: Any, names: Sequence[str]) -> bool:
     wanted = _norm(_NODES_PREFIX.sub("", str(logged)))
     return bool(wanted) and wanted in {_norm(_NODES_PREFIX.sub("", n)) for n in names}
 
@@ -131,9 +131,11 @@ _Claim = tuple[str, str, str, Callable[[Any], bool], str]
 
 def _claims(entry: EntryDir, desc: dict[str, Any]) -> list[_Claim]:
     """What the folders and the system description say each logged key must be: a table."""
-    json_name = system_json_path(entry.org_dir, entry.system).relative_to(entry.org_dir).as_posix()
-    orgs = [entry.submitter, *([desc["submitter"]] if isinstance(desc.get("submitter"), str) else [])]
-    platforms = [entry.system, *([desc["system_name"]] if isinstance(desc.get("system_name"), str) else [])]
+    json_name = (
+        system_json_path(entry.submitter_dir, entry.system).relative_to(entry.submitter_dir).as_posix()
+    )
+    submitters = [entry.submitter, *([desc["submitter"]] if isinstance(desc.get("submitter"), str) else [])]
+    systems = [entry.system, *([desc["system_name"]] if isinstance(desc.get("system_name"), str) else [])]
     nodes, accelerators = _int(desc.get("number_of_nodes")), _int(desc.get("accelerators_per_node"))
 
     def fits_nodes(v: Any) -> bool:
@@ -145,16 +147,16 @@ def _claims(entry: EntryDir, desc: dict[str, Any]) -> list[_Claim]:
     return [
         (
             "submission_org",
-            "org",
+            "submitter",
             f"the organisation folder {entry.submitter!r} and {json_name}'s submitter",
-            lambda v: _org_matches(v, orgs),
+            lambda v: _submitter_matches(v, submitters),
             "log the organisation's name as submission_org",
         ),
         (
             "submission_platform",
-            "platform",
+            "system",
             f"the system folder {entry.system!r} and {json_name}'s system_name",
-            lambda v: _platform_matches(v, platforms),
+            lambda v: _system_matches(v, systems),
             "log the system's name (systems/<system>.json system_name) as submission_platform",
         ),
         (
@@ -234,7 +236,9 @@ def check_scale_claim(entry: EntryDir, files: Sequence[LogAnalysis], system: Sys
     each = f"{n} node(s) × {a} accelerator(s)" if a else f"{n} node(s)"
     system_size = f"{nodes} nodes" + (f" × {per_node} accelerators ({nodes * per_node})" if per_node else "")
     accelerators = f" ({used * per_node} accelerators)" if per_node else ""
-    json_name = system_json_path(entry.org_dir, entry.system).relative_to(entry.org_dir).as_posix()
+    json_name = (
+        system_json_path(entry.submitter_dir, entry.system).relative_to(entry.submitter_dir).as_posix()
+    )
     message = (
         f"{running} of {len(intervals)} instances run at the same time (their run_start..run_stop "
         f"overlap), mostly each on {each}: {used} nodes{accelerators} at once, but {json_name} has "

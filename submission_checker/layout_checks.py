@@ -74,7 +74,7 @@ SYSTEM_DESC_CHECKER_FIELDS = (
 class EntryDir:
     """One results/<system>/<scaling>/<benchmark>/ folder: what gets one score."""
 
-    org_dir: Path
+    submitter_dir: Path
     system: str
     scaling: Scaling
     benchmark: str
@@ -84,11 +84,11 @@ class EntryDir:
 
     @property
     def submitter(self) -> str:
-        return self.org_dir.name
+        return self.submitter_dir.name
 
     @property
     def path(self) -> Path:
-        return self.org_dir / "results" / self.system / self.scaling / self.benchmark
+        return self.submitter_dir / "results" / self.system / self.scaling / self.benchmark
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def _subdirs(folder: Path, root: Path, findings: list[Finding]) -> list[Path]:
     return found
 
 
-def find_org_dirs(root: Path) -> tuple[list[Path], list[Finding]]:
+def find_submitter_dirs(root: Path) -> tuple[list[Path], list[Finding]]:
     """[root] when it is one organisation (has results/), else its subfolders that are."""
     root = Path(root)
     if not root.is_dir():
@@ -133,13 +133,13 @@ def find_org_dirs(root: Path) -> tuple[list[Path], list[Finding]]:
     if (root / "results").is_dir():
         return [root], []
     findings: list[Finding] = []
-    orgs = [d for d in _subdirs(root, root, findings) if (d / "results").is_dir()]
-    if not orgs:
+    submitters = [d for d in _subdirs(root, root, findings) if (d / "results").is_dir()]
+    if not submitters:
         raise SubmissionError(
             f"{root} holds no results/ folder, nor do its subfolders; pass an organisation's "
             "folder (with systems/ and results/) or a folder of them"
         )
-    return orgs, findings
+    return submitters, findings
 
 
 def _result_order(path: Path) -> tuple[int, str]:
@@ -147,11 +147,11 @@ def _result_order(path: Path) -> tuple[int, str]:
     return (int(index) if index.isdigit() else 1 << 30, path.name)
 
 
-def find_entries(org_dir: Path, root: Path) -> tuple[list[EntryDir], list[Finding]]:
-    """The entries under org_dir/results, and findings for folders that fit no entry."""
+def find_entries(submitter_dir: Path, root: Path) -> tuple[list[EntryDir], list[Finding]]:
+    """The entries under submitter_dir/results, and findings for folders that fit no entry."""
     entries: list[EntryDir] = []
     findings: list[Finding] = []
-    for system_dir in _subdirs(org_dir / "results", root, findings):
+    for system_dir in _subdirs(submitter_dir / "results", root, findings):
         for scaling_dir in _subdirs(system_dir, root, findings):
             if scaling_dir.name not in SCALINGS:
                 message = f"unknown scaling folder {scaling_dir.name!r}"
@@ -161,7 +161,9 @@ def find_entries(org_dir: Path, root: Path) -> tuple[list[EntryDir], list[Findin
             for bench_dir in _subdirs(scaling_dir, root, findings):
                 files = _result_files(bench_dir)
                 pruned = _pruned_files(bench_dir, scaling, root, findings)
-                entries.append(EntryDir(org_dir, system_dir.name, scaling, bench_dir.name, files, pruned))
+                entries.append(
+                    EntryDir(submitter_dir, system_dir.name, scaling, bench_dir.name, files, pruned)
+                )
     return entries, findings
 
 
@@ -256,9 +258,9 @@ def _is_int(value: Any) -> bool:
     return True
 
 
-def load_system(org_dir: Path, system: str, root: Path) -> SystemDesc:
+def load_system(submitter_dir: Path, system: str, root: Path) -> SystemDesc:
     """systems/<system>.json read, and checked: a JSON object with every required field, typed."""
-    path = system_json_path(org_dir, system)
+    path = system_json_path(submitter_dir, system)
     desc, problem = _read_system_json(path, root)
     if problem is not None:
         return SystemDesc(None, (problem,))
@@ -301,10 +303,10 @@ def check_stray_files(entry: EntryDir) -> list[Finding]:
     return [warning(entry.path, RULE_LAYOUT, message, fix=f"name results {RESULT_GLOB}; move the rest out")]
 
 
-def check_implementation(org_dir: Path, benchmark: str) -> list[Finding]:
+def check_implementation(submitter_dir: Path, benchmark: str) -> list[Finding]:
     """benchmarks/<benchmark>/implementations/ should hold the code that produced the results."""
-    folder = Path(org_dir) / "benchmarks" / benchmark / "implementations"
+    folder = Path(submitter_dir) / "benchmarks" / benchmark / "implementations"
     if folder.is_dir():
         return []
-    message = f"no {folder.relative_to(org_dir)}/ folder"
+    message = f"no {folder.relative_to(submitter_dir)}/ folder"
     return [warning(folder, RULE_IMPLEMENTATION, message, fix="add the code that produced these results")]

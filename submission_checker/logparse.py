@@ -80,10 +80,10 @@ class RunLog:
     """Value of the first `vflops_exponent` line (HPC AI500's n), if a finite number."""
     train_samples: float | None = None
     """Value of the first `train_samples` line, if a finite number."""
-    org: Any = None
-    """Value of the first `submission_org` line."""
-    platform: Any = None
-    """Value of the first `submission_platform` line."""
+    submitter: Any = None
+    """Value of the first `submission_org` line (MLPerf's name for the submitter)."""
+    system: Any = None
+    """Value of the first `submission_platform` line (MLPerf's name for the system)."""
     status: Any = None
     """Value of the first `submission_status` line."""
     staging_ms: float | None = None
@@ -319,8 +319,8 @@ def _run_log(path: Path | str, lines: _Lines, state: _Collector, rcp: RcpRead) -
         flops_per_sample=_number(first.get(FLOPS_PER_SAMPLE)),
         vflops_exponent=_number(first.get(VFLOPS_EXPONENT)),
         train_samples=_number(first.get("train_samples")),
-        org=first.get("submission_org"),
-        platform=first.get("submission_platform"),
+        submitter=first.get("submission_org"),
+        system=first.get("submission_platform"),
         status=first.get("submission_status"),
         staging_ms=state.staging_ms,
         throughputs=tuple(state.throughputs),

@@ -126,7 +126,7 @@ def _rcp_finding(entry: EntryDir, result: RcpResult) -> list[Finding]:
         )
     where = f"results/{entry.system}/ or this folder"
     bypass = f"put a {BYPASS_FILE} file holding exactly {BYPASS_LINE!r} (no newline) in {where}"
-    if (entry.org_dir / BYPASS_FILE).is_file():
+    if (entry.submitter_dir / BYPASS_FILE).is_file():
         bypass += f" (the organisation-level {BYPASS_FILE} is ignored by the official code)"
     if result.verdict == "bypassed":
         message = f"RCP test failed ({result.message}){numbers}; passed with rcp-bypass"
@@ -153,7 +153,7 @@ def entry_rcp(
     committed, findings = read_scaling_json(entry.path)
     result: RcpResult | None = None
     if closed and files:
-        bypass = has_bypass(entry.path) or has_bypass(entry.org_dir / "results" / entry.system)
+        bypass = has_bypass(entry.path) or has_bypass(entry.submitter_dir / "results" / entry.system)
         result = as_smoke(entry.benchmark, check_rcp(_reads(files), ruleset, bypass=bypass))
         findings += _rcp_finding(entry, result)
     if entry.scaling == "weak":

@@ -191,7 +191,7 @@ def compute_loss(model, batch):
 hooked = dataclasses.replace(bench, build_model=build_model, compute_loss=compute_loss)
 log = MLLog(Path(out) / "result_0.txt", enabled=ctx.is_main, echo=False)
 result = train_to_target(
-    hooked, cfg, ctx, log, seed=7, submission=SubmissionInfo(org="test", platform="test_n2"),
+    hooked, cfg, ctx, log, seed=7, submission=SubmissionInfo(submitter="test", system="test_n2"),
     stage=lambda: StagedData(path=Path(data)),
 )
 log.close()

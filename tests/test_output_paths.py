@@ -206,6 +206,22 @@ OUTPUTS: dict[tuple[str, str], Case] = {
         _data_targets,
         "--json",
     ),
+    ("run", "--seed-file"): Case(
+        lambda i, t: [
+            "run",
+            "cosmoflow",
+            "--data",
+            str(i.data),
+            "--out",
+            str(i.root / "o"),
+            "--index",
+            "0",
+            "--seed-file",
+            t,
+        ],
+        _data_targets,
+        "--seed-file",
+    ),
     ("check", "--json"): Case(
         lambda i, t: ["check", str(i.sub), "--json", t], _file_targets(".json"), "--json"
     ),

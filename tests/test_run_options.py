@@ -101,6 +101,8 @@ def test_argparse_offers_the_vocabulary() -> None:
     assert choices["ruleset"] == vocabulary.RULESETS
     assert choices["staging"] == vocabulary.STAGINGS
     assert choices["io"] == vocabulary.IO_CHOICES
+    stage = build_parser("stage")._subparsers._group_actions[0].choices["stage"]  # type: ignore[union-attr]
+    assert next(a.choices for a in stage._actions if a.dest == "io") == vocabulary.IO_CHOICES
 
 
 def test_the_staging_rule_is_the_checkers() -> None:

@@ -150,7 +150,7 @@ FUNCTIONS = BenchmarkFunctions(
 
 TOY = Benchmark.bind(TOY_INFO, FUNCTIONS)
 
-SUBMISSION = SubmissionInfo(org="tests", platform="toy")
+SUBMISSION = SubmissionInfo(submitter="tests", system="toy")
 
 
 def run_toy(

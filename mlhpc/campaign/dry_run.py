@@ -57,10 +57,10 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
         bench.validate_dataset(cfg, opts.data)
     settings = plan.settings
     submission = SubmissionInfo(
-        org=settings.submitter,
+        submitter=settings.submitter,
         division=settings.division,  # type: ignore[arg-type]
         status=settings.status,  # type: ignore[arg-type]
-        platform=plan.system,
+        system=plan.system,
     )
     first_run = plan.to_run[0] if plan.to_run and scaling == "strong" else 0
     log = MLLog(None, enabled=ctx.is_main, echo=True)

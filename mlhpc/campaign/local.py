@@ -132,7 +132,9 @@ def _train(
     power = node_power(opts.power, ctx.local_rank)  # a node without a source: one line, before any work
     s = plan.settings
     campaign = CampaignResult(submitter_dir=plan.submitter_dir, system=plan.system, kept=list(plan.kept))
-    submission = SubmissionInfo(org=s.submitter, division=s.division, status=s.status, platform=plan.system)  # type: ignore[arg-type]
+    submission = SubmissionInfo(
+        submitter=s.submitter, division=s.division, status=s.status, system=plan.system
+    )  # type: ignore[arg-type]
     # One staging communicator for the whole campaign: building one creates process groups.
     progress = Progress(enabled=ctx.is_main)
     progress.say(plan_line(plan, opts, data_dir))

@@ -12,6 +12,7 @@ from mlhpc.commands import add_command, refuse_bad_counts
 from mlhpc.commands.manifest import write_manifest
 from mlhpc.commands.verify import verify
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.vocabulary import IO_CHOICES
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.request import DEFAULT_WORKERS
 
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     stage.add_argument("--decompress", action="store_true", help="decompress .gz/.zst files while staging")
     stage.add_argument(
         "--io",
-        choices=("auto", "buffered", "direct", "kernel"),
+        choices=IO_CHOICES,
         default="auto",
         help="auto: page cache when the node's share fits in memory or the source is cached, else O_DIRECT; "
         "kernel: the page cache, large files copied in the kernel (copy_file_range)",

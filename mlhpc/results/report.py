@@ -112,14 +112,14 @@ def _read_one(path: Path, folder: Path) -> RunBreakdown:
 
 def _result_log(breakdown_path: Path) -> Path | None:
     """The result log of a breakdown, by the layout (common/layout.py), not by what the JSON says:
-    <root>/breakdown/<org>/<system>/<scaling>/<bench>/result_<i>.json ->
-    <root>/<org>/results/<system>/<scaling>/<bench>/result_<i>.txt."""
+    <root>/breakdown/<submitter>/<system>/<scaling>/<bench>/result_<i>.json ->
+    <root>/<submitter>/results/<system>/<scaling>/<bench>/result_<i>.txt."""
     parts = breakdown_path.parts
     if len(parts) < 6 or parts[-6] != "breakdown":
         return None
     root = Path(*parts[:-6]) if len(parts) > 6 else Path(".")
-    org, system, scaling, bench = parts[-5:-1]
-    return root / org / "results" / system / scaling / bench / breakdown_path.with_suffix(".txt").name
+    submitter, system, scaling, bench = parts[-5:-1]
+    return root / submitter / "results" / system / scaling / bench / breakdown_path.with_suffix(".txt").name
 
 
 def _fixed_epoch_valid_flops(breakdown_path: Path) -> float | None:
