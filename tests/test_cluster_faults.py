@@ -315,6 +315,7 @@ def test_a_link_cut_mid_staging_stops_every_rank_naming_the_node(
     assert set(stopped) == set(cluster.nodes) and max(stopped.values()) <= LOST_LINK_BOUND_S, stopped
     assert code != 0
     lines = error_lines(out)
+    print("link cut:", lines)
     no_traceback(text, *(p.read_text() for p in out.iterdir()))
     for node in ("node01", "node02", "node04"):
         assert len(lines[node]) == 1, lines
@@ -423,6 +424,7 @@ def test_a_full_local_on_one_node_stops_every_rank_naming_it(
     assert code != 0 and took < 30 + 30, (code, took)  # 30 s: startup of 4 ranks on this machine
     no_traceback(text, *(p.read_text() for p in out.iterdir()))
     lines = error_lines(out)
+    print("full /local:", lines["node01"])
     assert set(lines) == set(cluster.nodes)
     for node, found in lines.items():
         assert len(found) == 1, (node, found)
@@ -483,6 +485,7 @@ def test_a_node_killed_mid_training_stops_the_run_and_resume_finishes_it(
     assert code != 0
     no_traceback(text, *(p.read_text() for p in out.iterdir()))
     line = error_lines(out)["node01"]
+    print("killed node:", line)
     assert len(line) == 1 and line[0].startswith("mlhpc: error: rank 0 on node01: a collective failed"), line
     assert "node02 (rank 1) stopped answering" in line[0] and "--resume" in line[0], line
     results = runs / "mlhpc" / "results" / "vc2" / "strong" / "cosmoflow"
