@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc.common.errors import StagingError
+from mlhpc.common.vocabulary import IO_CHOICES
 from mlhpc.staging.sink import ALIGN
 
-IO_CHOICES = ("auto", "buffered", "direct", "kernel")
 FIT_FRACTION = 0.5
 """A node's share "fits" when it is at most this fraction of the memory it may use: the copy,
 the trainer and the source's pages all want room in the page cache."""

@@ -6,7 +6,8 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.iopath import IO_CHOICES, IoPlan
+from mlhpc.common.vocabulary import IO_CHOICES
+from mlhpc.staging.iopath import IoPlan
 from mlhpc.staging.plan import MODES, Mode
 
 DEFAULT_WORKERS = 32
@@ -39,7 +40,7 @@ class StageRequest:
     progress: bool = False
     """Show a progress bar (rank 0 only, at a terminal)."""
     io: str = "auto"
-    """The I/O path (`iopath.IO_CHOICES`): "auto" decides on the facts, or "buffered", "direct", "kernel"."""
+    """The I/O path (`vocabulary.IO_CHOICES`): "auto" decides on the facts, or "buffered", "direct", "kernel"."""
     durable: bool = False
     """Put the copy on disk (syncfs) before the completion marker is written."""
 

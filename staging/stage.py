@@ -48,7 +48,7 @@ def stage_dataset(request: StageRequest, comm: Communicator | None = None) -> St
     Without `comm`, one rank alone stages (a `CallbackComm` lets the ranks of one node split the
     work, synchronised by its barrier). With a collective `Communicator`, `request.mode` says what
     each node ends with (see `plan`). A rerun skips what is staged and verified already.
-    `request.io` picks the I/O path (`iopath.IO_CHOICES`): "auto" decides on the node's memory and
+    `request.io` picks the I/O path (`vocabulary.IO_CHOICES`): "auto" decides on the node's memory and
     the source's cached share, "direct" reads large files with O_DIRECT and writes with it where
     that pays (`direct_writes_pay`), "buffered" and "kernel" never do.
     """
