@@ -14,8 +14,8 @@ import torch
 
 from mlhpc.benchmarks.cosmoflow import train as cosmo_train
 from mlhpc.common import registry
-from mlhpc.common.distributed import DistContext, init_distributed
 from mlhpc.common.batches import to_device
+from mlhpc.common.distributed import DistContext, init_distributed
 from mlhpc.common.loop import resolve_memory_format
 from tests.conftest import mllog_events
 from tests.test_distributed import torchrun

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+from mlhpc.common.batches import to_device
 from mlhpc.common.config import from_dict
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.loaders import torch_data_bundle
-from mlhpc.common.batches import to_device
 from mlhpc.common.loop import StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.loop_config import LoopConfig
 from mlhpc.common.mllogger import MLLog
