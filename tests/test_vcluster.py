@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -318,3 +319,29 @@ def test_status_json_names_every_host(vcluster: VCluster) -> None:
     assert [n["name"] for n in status["nodes"]] == list(vcluster.nodes)
     assert all(n["running"] and n["link"] == "up" for n in status["nodes"])
     assert json.loads(json.dumps(status)) == status
+
+
+@needs_cluster
+def test_a_folder_in_tmp_stays_seen_over_each_nodes_own_tmp_and_outlives_down(tmp_path: Path) -> None:
+    """A checkout in /tmp (CI clones there) is what every job runs: --see keeps it visible on each
+    node, whose own /tmp hides the host's, and `down` removes the node's /tmp, never the folder."""
+    seen = Path("/tmp") / f"mlhpc-see-{uuid.uuid4().hex[:8]}"
+    (seen / "code").mkdir(parents=True)
+    (seen / "code" / "file").write_text("kept\n")
+    (seen / "hidden").mkdir()
+    try:
+        refused = run_vcluster("up", "--name", f"pt{os.getpid()}s", "--see", "/etc")
+        assert refused.returncode != 0 and "only a folder inside /tmp" in refused.stderr
+        cluster = start_cluster(f"pt{os.getpid()}s", "--nodes", "2", "--see", str(seen / "code"))
+        try:
+            for node in cluster.nodes:
+                out = cluster.exec(node, ["sh", "-c", f"cat {seen}/code/file; ls {seen}"]).stdout.split()
+                assert out == ["kept", "code"], (node, out)  # the sibling not given stays hidden
+            cluster.exec("node01", ["touch", f"{seen}/code/written-on-node01"])
+        finally:
+            stop_cluster(cluster)
+        assert (seen / "code" / "file").read_text() == "kept\n"
+        assert (seen / "code" / "written-on-node01").exists()  # the node wrote into the host's folder
+        assert leftovers(cluster.state_dir) == []
+    finally:
+        shutil.rmtree(seen)

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -161,11 +162,19 @@ class VCluster:
         return json.loads(run_vcluster("status", "--name", self.name, "--json").stdout)
 
 
+def code_seen_by_nodes() -> list[str]:
+    """`--see` for this checkout and its Python where they lie in /tmp (CI clones there): each
+    node has its own /tmp, which would hide them, and every job runs this code."""
+    tmp = Path("/tmp").resolve()
+    seen = {p for p in (REPO.resolve(), Path(sys.prefix).resolve()) if tmp in p.parents}
+    return [arg for p in sorted(seen) if not any(q in p.parents for q in seen) for arg in ("--see", str(p))]
+
+
 def start_cluster(name: str, *args: str) -> VCluster:
     """`scripts/vcluster up --name NAME ARGS`; fails the test (with the tool's line) if it fails."""
     before = host_network()
     started = time.monotonic()
-    proc = run_vcluster("up", "--name", name, *args)
+    proc = run_vcluster("up", "--name", name, *args, *code_seen_by_nodes())
     wall = time.monotonic() - started
     if proc.returncode != 0:
         pytest.fail(f"scripts/vcluster up --name {name} {' '.join(args)} failed: {proc.stderr.strip()}")
