@@ -53,8 +53,11 @@ else
     [[ -z ${SEED:-} ]] || die "SEED=$SEED: by hand the seed is mlhpc's (the planner's for RUN_INDEX); set FIRST_SEED, the campaign's first seed, or nothing"
     [[ -n $OUT ]] || die "set OUT to the submission root, e.g. OUT=runs/cosmoflow"
     [[ $RUN_INDEX =~ ^(0|[1-9][0-9]*)$ ]] || die "RUN_INDEX=$RUN_INDEX must be 0, 1, 2, ..."
-    # On OUT, which every node of the run sees, since rank 0 writes it wherever it runs.
-    seed_file="$OUT/.mlhpc-runs/run_and_time-${HOSTNAME:-host}-$$.seed"
+    # On OUT, which every node of the run sees, since rank 0 writes it wherever it runs. It stays
+    # there (the script removes no file): the name is this run's alone (index, host, pid, start),
+    # so a file left by an earlier run is never read as this run's seed.
+    printf -v now '%(%s)T' -1
+    seed_file="$OUT/.mlhpc-runs/run_and_time-$RUN_INDEX-${HOSTNAME:-host}-$$-$now.seed"
 fi
 
 # Split on whitespace without glob expansion: overrides such as decay_boundary_epochs=[8,10] stay intact.
@@ -110,7 +113,6 @@ if [[ -n $seed_file ]]; then
     run="the run of index $RUN_INDEX"
     # The seed mlhpc ran, as its planner gave it.
     { read -r SEED <"$seed_file"; } 2>/dev/null || true
-    rm -f "$seed_file"
     if ((status == 0)) && ! [[ ${SEED:-} =~ ^[1-9][0-9]*$ ]]; then
         echo "run_and_time.sh: the run of index $RUN_INDEX ended, but mlhpc wrote no seed to $seed_file" \
             "(rank 0 writes it: OUT must be shared with its node); no RESULT line" >&2

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlhpc.campaign.seeds import seed_of
 from tests.conftest import cli_env, mllog_events
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,6 +25,21 @@ REQUIRED_SCRIPTS = ("run_and_time.sh", "scripts/install_horovod.sh", "scripts/sl
 # (256 or 512 samples need more epochs than 12 with the mini schedule).
 TINY = "data.num_train_samples=1024 data.num_eval_samples=64 loop.max_epochs=12"
 RESULT_LINE = re.compile(r"^RESULT,cosmoflow,(\d+),(\d+),([^,]+),(.+)$", re.MULTILINE)
+# The file mlhpc writes the run's seed to: under OUT, named for the run (index, host, pid, start).
+SEED_FILE = re.compile(r"^(?P<out>.+)/\.mlhpc-runs/run_and_time-(?P<index>\d+)-[^/]+-\d+-\d+\.seed$")
+# The command line a --slurm seed job gives (slurm_graph.seed_argv): run_and_time.sh adds nothing.
+SEED_JOB_ARGS = (
+    "run",
+    "cosmoflow",
+    "--config",
+    "mini",
+    "--index",
+    "3",
+    "--first-seed",
+    "9",
+    "--out",
+    "/runs/x",
+)
 DOCKER_INSTRUCTIONS = frozenset(
     [
         "ADD",
@@ -51,23 +67,44 @@ DOCKER_INSTRUCTIONS = frozenset(
 def shell_env(**extra: str) -> dict[str, str]:
     """cli_env without run_and_time.sh's own inputs inherited from the caller."""
     env = cli_env()
-    for key in ("BENCHMARK", "CONFIG", "SEED", "OUT", "DATA", "RUN_INDEX", "LAUNCHER", "EXTRA_ARGS"):
+    inputs = (
+        "BENCHMARK",
+        "CONFIG",
+        "SEED",
+        "FIRST_SEED",
+        "OUT",
+        "DATA",
+        "RUN_INDEX",
+        "LAUNCHER",
+        "EXTRA_ARGS",
+    )
+    for key in (*inputs, "MLHPC_CMD", "DRY_RUN"):
         env.pop(key, None)
     env.update(extra)
     return env
 
 
-def run_script(script: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_script(
+    script: Path, env: dict[str, str], timeout: float = 60, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [BASH, str(script)], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [BASH, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
-def dry_run(**extra: str) -> list[str]:
+def dry_run(*args: str, **extra: str) -> list[str]:
     """The command run_and_time.sh would run, split back into words."""
-    proc = run_script(RUN_AND_TIME, shell_env(DRY_RUN="1", **extra))
+    proc = run_script(RUN_AND_TIME, shell_env(DRY_RUN="1", **extra), args=args)
     assert proc.returncode == 0, proc.stderr
     return shlex.split(proc.stdout)
+
+
+def seed_file_of(words: list[str]) -> re.Match[str]:
+    """The --seed-file the by-hand command passes, checked to be the run's own file under OUT."""
+    assert words.count("--seed-file") == 1, words
+    match = SEED_FILE.match(words[words.index("--seed-file") + 1])
+    assert match, words
+    return match
 
 
 def run_stop(path: Path) -> dict:
@@ -112,8 +149,10 @@ def test_script_is_strict_and_executable(name: str) -> None:
 # run_and_time.sh: the command it builds (DRY_RUN=1, nothing runs)
 
 
-def test_dry_run_builds_one_seed_command() -> None:
-    words = dry_run(SEED="7", OUT="/runs/x")
+def test_dry_run_builds_one_run_command() -> None:
+    words = dry_run(FIRST_SEED="7", OUT="/runs/x")
+    file = seed_file_of(words)
+    assert (file["out"], file["index"]) == ("/runs/x", "0")
     assert words == [
         "mlhpc",
         "run",
@@ -127,12 +166,14 @@ def test_dry_run_builds_one_seed_command() -> None:
         "--out",
         "/runs/x",
         "--no-check",
+        "--seed-file",
+        file.group(0),
     ]
 
 
 def test_dry_run_passes_data_and_extra_args_verbatim() -> None:
     words = dry_run(
-        SEED="3",
+        FIRST_SEED="3",
         OUT="/runs/x",
         CONFIG="full",
         BENCHMARK="other",
@@ -140,13 +181,8 @@ def test_dry_run_passes_data_and_extra_args_verbatim() -> None:
         EXTRA_ARGS="optimizer.decay_boundary_epochs=[8,10]  --device cpu",
     )
     assert words[:5] == ["mlhpc", "run", "other", "--config", "full"]
-    assert words[-5:] == [
-        "--data",
-        "/data/with space",
-        "optimizer.decay_boundary_epochs=[8,10]",
-        "--device",
-        "cpu",
-    ]
+    assert words[words.index("--data") + 1] == "/data/with space"
+    assert words[-3:] == ["optimizer.decay_boundary_epochs=[8,10]", "--device", "cpu"]
 
 
 @pytest.mark.parametrize(
@@ -165,49 +201,112 @@ def test_dry_run_passes_data_and_extra_args_verbatim() -> None:
     ],
 )
 def test_dry_run_launcher_prefix(launcher: str, prefix: list[str]) -> None:
-    words = dry_run(SEED="1", OUT="/runs/x", LAUNCHER=launcher)
+    words = dry_run(RUN_INDEX="1", OUT="/runs/x", LAUNCHER=launcher)
     assert words[: len(prefix) + 1] == [*prefix, "run"]
 
 
 def test_dry_run_without_mlhpc_on_path_uses_python_module(tmp_path: Path) -> None:
-    words = dry_run(SEED="1", OUT="/runs/x", PATH=str(tmp_path), PYTHON=sys.executable)
+    words = dry_run(OUT="/runs/x", PATH=str(tmp_path), PYTHON=sys.executable)
     assert words[:4] == [sys.executable, "-m", "mlhpc", "run"]
 
 
 def test_dry_run_with_run_index_runs_that_index_straight_into_out() -> None:
-    words = dry_run(SEED="5", OUT="/runs/x", RUN_INDEX="4")
+    words = dry_run(FIRST_SEED="1", OUT="/runs/x", RUN_INDEX="4")
     assert words[words.index("--out") + 1] == "/runs/x"
     assert words[words.index("--index") + 1] == "4"
-    assert words[words.index("--first-seed") + 1] == "1"  # index 4 of a campaign from seed 1 is seed 5
+    assert words[words.index("--first-seed") + 1] == "1"  # passed on as given: the planner maps index to seed
+    assert seed_file_of(words)["index"] == "4"
+
+
+def test_dry_run_without_first_seed_leaves_the_seed_to_the_planner() -> None:
+    """No FIRST_SEED: mlhpc takes OUT/campaign.json's first seed or draws one; the script draws none."""
+    words = dry_run(OUT="/runs/x", RUN_INDEX="2")
+    assert "--first-seed" not in words and "--seed" not in words
+    assert seed_file_of(words)["out"] == "/runs/x"
+    code = "\n".join(line.split("#", 1)[0] for line in RUN_AND_TIME.read_text().splitlines())
+    for word in ("RANDOM", "urandom", "shuf"):
+        assert word not in code, word
+
+
+def test_dry_run_of_a_seed_job_runs_its_command_line_as_given() -> None:
+    """A --slurm seed job exports SEED (the planner's seed, for the RESULT line) and gives the whole
+    command line: the script adds no --seed-file and reads none of the variables that build one."""
+    words = dry_run(
+        *SEED_JOB_ARGS,
+        SEED="12",
+        LAUNCHER="srun --kill-on-bad-exit=1",
+        OUT="/elsewhere",
+        RUN_INDEX="0",
+        FIRST_SEED="1",
+        EXTRA_ARGS="--device cpu",
+    )
+    assert words == ["srun", "--kill-on-bad-exit=1", "mlhpc", *SEED_JOB_ARGS]
+
+
+def test_a_seed_job_prints_its_seed_in_the_result_line(tmp_path: Path) -> None:
+    """The command really runs (`true` stands for mlhpc): RESULT names the SEED the job exported,
+    and nothing is written under OUT."""
+    env = shell_env(SEED="12", MLHPC_CMD=shutil.which("true") or "/bin/true", OUT=str(tmp_path / "out"))
+    proc = run_script(RUN_AND_TIME, env, args=SEED_JOB_ARGS)
+    assert proc.returncode == 0, proc.stderr
+    assert [m.group(1) for m in RESULT_LINE.finditer(proc.stdout)] == ["12"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_run_and_time_lays_out_nothing() -> None:
     """A thin timing wrapper: mlhpc writes the result into the submission, the script moves,
-    links, globs or removes no file."""
+    links, globs or removes no file (mlhpc never deletes what it cannot prove it created)."""
     code = "\n".join(line.split("#", 1)[0] for line in RUN_AND_TIME.read_text().splitlines())
-    for word in ("rm ", "mv ", "ln ", "cp ", "find ", "results/", "shopt", "mkdir"):
+    for word in ("rm ", "mv ", "ln ", "cp ", "find ", "unlink", "results/", "shopt", "mkdir"):
         assert word not in code, word
-
-
-def test_random_seed_is_positive() -> None:
-    words = dry_run(OUT="/runs/x")
-    assert int(words[words.index("--first-seed") + 1]) >= 1
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         ({"OUT": ""}, "set OUT"),
-        ({"OUT": "/runs/x", "SEED": "0"}, "SEED=0 must be a positive integer"),
-        ({"OUT": "/runs/x", "SEED": "abc"}, "SEED=abc must be a positive integer"),
-        ({"OUT": "/runs/x", "SEED": "1", "RUN_INDEX": "01"}, "RUN_INDEX=01"),
-        ({"OUT": "/runs/x", "SEED": "3", "RUN_INDEX": "3"}, "SEED=3 must be above RUN_INDEX=3"),
+        ({"OUT": "/runs/x", "RUN_INDEX": "01"}, "RUN_INDEX=01 must be 0, 1, 2, ..."),
+        ({"OUT": "/runs/x", "RUN_INDEX": "-1"}, "RUN_INDEX=-1 must be 0, 1, 2, ..."),
+        ({"OUT": "/runs/x", "RUN_INDEX": "abc"}, "RUN_INDEX=abc must be 0, 1, 2, ..."),
     ],
 )
 def test_bad_environment_is_exit_2(extra: dict[str, str], message: str) -> None:
-    proc = run_script(RUN_AND_TIME, shell_env(**extra))
+    proc = run_script(RUN_AND_TIME, shell_env(MLHPC_CMD=shutil.which("true") or "/bin/true", **extra))
     assert proc.returncode == 2
-    assert message in proc.stderr
+    assert "STARTING" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert message in line
+
+
+@pytest.mark.parametrize("extra", [{}, {"RUN_INDEX": "2"}, {"RUN_INDEX": "2", "FIRST_SEED": "5"}])
+def test_a_seed_by_hand_is_refused_in_one_line(tmp_path: Path, extra: dict[str, str]) -> None:
+    """By hand the seed is the planner's for RUN_INDEX: a SEED would have to be turned into the
+    campaign's first seed, which the script never works out. Refused before anything runs."""
+    out = tmp_path / "out"
+    env = shell_env(SEED="7", OUT=str(out), MLHPC_CMD=shutil.which("true") or "/bin/true", **extra)
+    proc = run_script(RUN_AND_TIME, env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "run_and_time.sh: SEED=7: by hand the seed is mlhpc's (the planner's for RUN_INDEX); "
+        "set FIRST_SEED, the campaign's first seed, or nothing"
+    ]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("seed", "message"),
+    [
+        ("", "with a command line given, set SEED to its run's seed"),
+        ("0", "SEED=0 must be a positive integer"),
+        ("abc", "SEED=abc must be a positive integer"),
+    ],
+)
+def test_a_seed_job_without_a_valid_seed_is_exit_2(seed: str, message: str) -> None:
+    env = shell_env(MLHPC_CMD=shutil.which("true") or "/bin/true", **({"SEED": seed} if seed else {}))
+    proc = run_script(RUN_AND_TIME, env, args=SEED_JOB_ARGS)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert message in line
 
 
 def test_taken_run_index_is_refused_by_mlhpc(tmp_path: Path) -> None:
@@ -216,21 +315,23 @@ def test_taken_run_index_is_refused_by_mlhpc(tmp_path: Path) -> None:
     taken.parent.mkdir(parents=True)
     taken.write_text("")
     (tmp_path / "campaign.json").write_text(json.dumps({"settings": {"system": "sys"}}))
-    proc = run_script(RUN_AND_TIME, shell_env(OUT=str(tmp_path), SEED="9", RUN_INDEX="3"), timeout=120)
+    proc = run_script(RUN_AND_TIME, shell_env(OUT=str(tmp_path), RUN_INDEX="3"), timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "result_3.txt of the cosmoflow strong-scaling campaign" in proc.stderr
     assert "pass --resume" in proc.stderr
     assert taken.read_text() == ""
+    assert "RESULT," not in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------
-# run_and_time.sh end to end: one seed straight into OUT, then one more as RUN_INDEX=1
+# run_and_time.sh end to end: index 0 from FIRST_SEED=7 straight into OUT, then RUN_INDEX=1, whose
+# first seed is the campaign file's
 
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path_factory.mktemp("run_and_time") / "out"
-    env = shell_env(BENCHMARK="cosmoflow", CONFIG="mini", SEED="7", OUT=str(out), EXTRA_ARGS=TINY)
+    env = shell_env(BENCHMARK="cosmoflow", CONFIG="mini", FIRST_SEED="7", OUT=str(out), EXTRA_ARGS=TINY)
     return run_script(RUN_AND_TIME, env, timeout=600), out
 
 
@@ -247,12 +348,12 @@ def test_run_and_time_runs_one_seed(first_run: tuple[subprocess.CompletedProcess
     assert "ENDING TIMING RUN AT" in proc.stdout
     match = RESULT_LINE.search(proc.stdout)
     assert match, proc.stdout[-2000:]
-    assert match.group(1) == "7"
+    assert int(match.group(1)) == seed_of(7, 0)
     assert int(match.group(2)) >= 0
     log = only(list(out.glob("mlhpc/results/*/strong/cosmoflow/result_0.txt")))
     assert '"key": "run_stop"' in log.read_text()
     assert run_stop(log)["metadata"]["status"] == "success"
-    assert logged_seed(log) == 7
+    assert logged_seed(log) == seed_of(7, 0)
 
 
 @pytest.mark.slow
@@ -260,20 +361,23 @@ def test_run_and_time_files_an_indexed_run(first_run: tuple[subprocess.Completed
     proc, out = first_run
     assert proc.returncode == 0, "the first run failed"
     data = out / "datasets" / "cosmoflow-mini"
-    env = shell_env(SEED="8", OUT=str(out), RUN_INDEX="1", DATA=str(data), EXTRA_ARGS=TINY)
+    env = shell_env(OUT=str(out), RUN_INDEX="1", DATA=str(data), EXTRA_ARGS=TINY)
     second = run_script(RUN_AND_TIME, env, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert RESULT_LINE.search(second.stdout).group(1) == "8"
+    assert int(RESULT_LINE.search(second.stdout).group(1)) == seed_of(7, 1)
     logs = sorted(out.glob("mlhpc/results/*/strong/cosmoflow/result_*.txt"))
     assert [p.name for p in logs] == ["result_0.txt", "result_1.txt"]
     assert run_stop(logs[1])["metadata"]["status"] == "success"
-    assert logged_seed(logs[1]) == 8
-    assert logged_seed(logs[0]) == 7, "the first run's log was touched"
+    assert logged_seed(logs[1]) == seed_of(7, 1)
+    assert logged_seed(logs[0]) == seed_of(7, 0), "the first run's log was touched"
     assert not (out / ".run_and_time").exists()
+    # The seed files mlhpc wrote back stay, each the run's own (by index) holding its seed.
+    left = {SEED_FILE.match(str(p))["index"]: p.read_text() for p in (out / ".mlhpc-runs").glob("*.seed")}
+    assert left == {"0": f"{seed_of(7, 0)}\n", "1": f"{seed_of(7, 1)}\n"}
     # Each run's time breakdown sits beside the submission under the run's own index.
     breakdowns = sorted(out.glob("breakdown/mlhpc/*/strong/cosmoflow/result_*.json"))
     assert [p.name for p in breakdowns] == ["result_0.json", "result_1.json"]
-    assert json.loads(breakdowns[1].read_text())["seed"] == 8
+    assert json.loads(breakdowns[1].read_text())["seed"] == seed_of(7, 1)
     # The same index again is refused before anything runs.
     again = run_script(RUN_AND_TIME, env)
     assert again.returncode == 2

@@ -70,10 +70,10 @@ def launcher_exiting_with(folder: Path) -> Path:
 
 def system_path(tmp_path: Path) -> str:
     """A PATH holding only what the script and the stand-in launcher need (`date`, `id`, `sh`,
-    `rm`, `mkdir`), and no torchrun or mlhpc."""
+    `mkdir`), and no torchrun or mlhpc."""
     folder = tmp_path / "sysbin"
     folder.mkdir(exist_ok=True)
-    for name in ("date", "id", "sh", "rm", "mkdir"):
+    for name in ("date", "id", "sh", "mkdir"):
         found = shutil.which(name)
         assert found, f"{name} is not installed"
         target = folder / name
@@ -123,7 +123,7 @@ def test_a_failed_run_passes_its_status_on_and_prints_no_result(tmp_path: Path, 
 
 def test_a_run_that_succeeds_prints_the_seed_mlhpc_wrote_back(tmp_path: Path) -> None:
     """The seed is mlhpc's planner's: the script passes --index and FIRST_SEED on, never works a
-    seed out, and prints in RESULT the one the run wrote to its --seed-file (then removes it)."""
+    seed out, and prints in RESULT the one the run wrote to its --seed-file (which it leaves)."""
     launcher = launcher_exiting_with(tmp_path / "bin")
     env = script_env(
         system_path(tmp_path), RUN_INDEX="2", FIRST_SEED="9", OUT="runs/c", LAUNCHER=str(launcher)
@@ -137,7 +137,7 @@ def test_a_run_that_succeeds_prints_the_seed_mlhpc_wrote_back(tmp_path: Path) ->
     )
     seed_file = Path(launched[launched.index("--seed-file") + 1])
     assert seed_file.parent == Path("runs/c/.mlhpc-runs") and seed_file.suffix == ".seed"
-    assert not (tmp_path / seed_file).exists(), "the seed file is removed once read"
+    assert (tmp_path / seed_file).read_text() == "11\n", "the seed file stays: the script removes no file"
     results = RESULT.findall(proc.stdout)
     assert len(results) == 1
     assert re.search(r"^RESULT,cosmoflow,11,\d+,[^,]+,.+$", proc.stdout, re.MULTILINE), proc.stdout

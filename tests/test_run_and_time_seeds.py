@@ -69,7 +69,9 @@ def test_the_result_line_names_the_seed_the_planner_gave(tmp_path: Path) -> None
     second = run_and_time(tmp_path, RUN_INDEX="0")
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     assert result_seed(second.stdout) == logged_seed(results / "result_0.txt") == seed_of(41, 0)
-    assert not list((tmp_path / "out" / ".mlhpc-runs").glob("*.seed")), "the seed files are removed"
+    # The seed files mlhpc wrote back stay (the script removes no file), each holding its run's seed.
+    left = sorted(p.read_text() for p in (tmp_path / "out" / ".mlhpc-runs").glob("run_and_time-*.seed"))
+    assert left == sorted(f"{seed_of(41, i)}\n" for i in (2, 0))
 
     # A FIRST_SEED the campaign file contradicts: refused by the planner, no RESULT line.
     third = run_and_time(tmp_path, RUN_INDEX="1", FIRST_SEED="7")
