@@ -74,7 +74,7 @@ def test_submission_holds_the_deepcam_hyperparameters(mini_run) -> None:
     keys = {e["key"]: e["value"] for e in mllog_events(out / RESULT)}
     assert keys["submission_benchmark"] == "deepcam"
     assert keys["opt_name"] == "LAMB" and keys["opt_max_grad_norm"] == 1.0
-    assert keys["scheduler_type"] == "multistep" and keys["gradient_accumulation_frequency"] == 1
+    assert keys["scheduler_type"] == "cosine_annealing" and keys["gradient_accumulation_frequency"] == 1
     impl = out / "mlhpc/benchmarks/deepcam/implementations/mlhpc-pytorch"
     assert "width_multiplier: 0.125" in (impl / "config.yaml").read_text()
     assert not list(out.rglob(".*.tmp"))
