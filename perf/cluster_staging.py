@@ -788,10 +788,10 @@ def plot(
         ax.errorbar(have, med, yerr=err, fmt="o", color=colors[m], capsize=3, label=f"{labels[m]}, measured")
         links = dataclasses.replace(setup, allgather_bytes_s=())
         model = [model_seconds(m, n, sizes, links) for n in grid]
-        ax.plot(grid, model, "--", color=colors[m], alpha=0.8, label="model (shaped rates)")
+        ax.plot(grid, model, "--", color=colors[m], alpha=0.8, label=f"{m}: model (shaped rates)")
         if m == "replicate" and setup.allgather_bytes_s:
             gathered = [model_seconds(m, n, sizes, setup) for n in grid]
-            ax.plot(grid, gathered, ":", color=colors[m], label="model, measured all-gather")
+            ax.plot(grid, gathered, ":", color=colors[m], label=f"{m}: model, all-gather as measured")
     if found.measured:
         ax.axvline(found.measured, color="0.2", lw=1, label=f"crossover measured: {found.measured:.2f} nodes")
     if found.predicted:
@@ -843,17 +843,15 @@ def cmd_report(args: argparse.Namespace) -> None:
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else dataset_sizes(load_setup(args.name))
     found = report(rows, sizes, setup)
 
-    def nodes(x: float | None) -> str:
+    def nodes(x: float | None, compare: bool = True) -> str:
         if x is None:
             return "none"
-        apart = (
-            f" ({abs(x - found.measured) / found.measured:.0%} from the measured)" if found.measured else ""
-        )
-        return f"{x:.2f}{apart}"
+        apart = abs(x - found.measured) / found.measured if found.measured and compare else None
+        return f"{x:.2f} nodes" + (f" ({apart:.0%} from the measured)" if apart is not None else "")
 
     text = (
         f"{found.table}\n\nSeconds: rank 0's staging time, median (min-max) of the repeats; t0 (tiny dataset, "
-        f"1 node) = {setup.overhead_s:.2f} s.\n\nCrossover copy/replicate: measured {nodes(found.measured)}; "
+        f"1 node) = {setup.overhead_s:.2f} s.\n\nCrossover copy/replicate: measured {nodes(found.measured, False)}; "
         f"model {nodes(found.predicted)}; model with the measured all-gather {nodes(found.predicted_gather)}.\n\n"
         f"{allgather_table(setup)}\n\n{cpu_table(rows)}\n"
     )
