@@ -16,13 +16,14 @@ talks to the cluster goes through `scripts/vcluster exec HOST --`.
     perf/cluster_staging.py up [--name cstage] [--nodes 8] [--link 50mbit] [--fs 150mbit]
                             [--total-mib 128] [--file-mib 2]
     perf/cluster_staging.py calibrate [--repeats 5]           # the fixed cost t0 (tiny dataset)
+    perf/cluster_staging.py allgather [--nodes 2,3,4,5,6,7,8]  # the exchange's all-gather alone
     perf/cluster_staging.py measure --nodes 2 [--modes copy,replicate,shard] [--repeats 3]
     perf/cluster_staging.py report [--png docs/img/cluster_staging.png]
     perf/cluster_staging.py model [--nodes 1,2,3,4,6,8] [--link 50mbit] [--fs 150mbit]
     perf/cluster_staging.py shape --link 25mbit --fs 75mbit   # a check at other rates
     perf/cluster_staging.py down
 
-Results go to --out (default runs/cluster-staging): `cluster_staging.csv` (one row per run,
+Run as root, with `--nice` to change the stage processes' priority. Results go to --out (default runs/cluster-staging): `cluster_staging.csv` (one row per run,
 appended, so that each node count can be its own command), `cluster_staging.md` and the plot.
 """
 
