@@ -178,6 +178,15 @@ def work_dir(name: str) -> Path:
     return Path(os.environ.get("CLUSTER_STAGING_WORK", "/var/tmp")) / f"mlhpc-cluster-staging-{name}"
 
 
+def _seen_by_nodes(work: Path) -> list[str]:
+    """`--see` for what the nodes must reach inside the host's /tmp (each node has its own /tmp):
+    this checkout, its Python and the study's work folder, where they lie there."""
+    tmp = Path("/tmp").resolve()
+    wanted = {p.resolve() for p in (Path(__file__).parents[1], Path(sys.prefix), work)}
+    inside = {p for p in wanted if tmp in p.parents}
+    return [a for p in sorted(inside) if not any(q in p.parents for q in inside) for a in ("--see", str(p))]
+
+
 def vcluster(name: str, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
     argv = [sys.executable, str(VCLUSTER), args[0], "--name", name, *args[1:]]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=client_env())
@@ -243,7 +252,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     make_dataset(work / "data", args.total_mib, args.file_mib)
     _tiny(work / "tiny")
     smalls = [f"--small-local={n}:{local_mib}M" for n in nodes] + [f"--small-local={storage}:16M"]
-    vcluster(args.name, "up", "--nodes", str(args.nodes + 1), "--rate", args.link, *smalls)
+    vcluster(args.name, "up", "--nodes", str(args.nodes + 1), "--rate", args.link, *smalls, *_seen_by_nodes(work))
     vcluster(args.name, "shape", storage, "--rate", args.fs)
     on_host(args.name, "login", f"scontrol update NodeName={storage} State=DRAIN Reason=storage")
     setup.update(start_storage(args.name, work, storage))
