@@ -332,6 +332,7 @@ def test_a_folder_in_tmp_stays_seen_over_each_nodes_own_tmp_and_outlives_down(tm
     try:
         refused = run_vcluster("up", "--name", f"pt{os.getpid()}s", "--see", "/etc")
         assert refused.returncode != 0 and "only a folder inside /tmp" in refused.stderr
+        assert not (Path(os.environ.get("VCLUSTER_ROOT", "/run/vcluster")) / f"pt{os.getpid()}s").exists()
         cluster = start_cluster(f"pt{os.getpid()}s", "--nodes", "2", "--see", str(seen / "code"))
         try:
             for node in cluster.nodes:
