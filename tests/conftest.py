@@ -82,6 +82,22 @@ def official_compliance(
     )
 
 
+RUN_AND_TIME_INPUTS = (
+    "BENCHMARK",
+    "CONFIG",
+    "SEED",
+    "FIRST_SEED",
+    "OUT",
+    "DATA",
+    "RUN_INDEX",
+    "LAUNCHER",
+    "EXTRA_ARGS",
+    "MLHPC_CMD",
+    "DRY_RUN",
+)
+"""run_and_time.sh's environment inputs: a test of the script sets its own, never inherits them."""
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment for a `python -m mlhpc` subprocess: this venv first on PATH, no launcher vars."""
     launcher_prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MLHPC_")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc.campaign.seeds import seed_of
-from tests.conftest import cli_env, mllog_events
+from tests.conftest import RUN_AND_TIME_INPUTS, cli_env, mllog_events
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_AND_TIME = REPO / "run_and_time.sh"
@@ -67,18 +67,7 @@ DOCKER_INSTRUCTIONS = frozenset(
 def shell_env(**extra: str) -> dict[str, str]:
     """cli_env without run_and_time.sh's own inputs inherited from the caller."""
     env = cli_env()
-    inputs = (
-        "BENCHMARK",
-        "CONFIG",
-        "SEED",
-        "FIRST_SEED",
-        "OUT",
-        "DATA",
-        "RUN_INDEX",
-        "LAUNCHER",
-        "EXTRA_ARGS",
-    )
-    for key in (*inputs, "MLHPC_CMD", "DRY_RUN"):
+    for key in RUN_AND_TIME_INPUTS:
         env.pop(key, None)
     env.update(extra)
     return env

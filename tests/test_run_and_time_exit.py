@@ -16,29 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.conftest import RUN_AND_TIME_INPUTS, cli_env
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_AND_TIME = REPO / "run_and_time.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 RESULT = re.compile(r"^RESULT,", re.MULTILINE)
-INPUTS = (
-    "BENCHMARK",
-    "CONFIG",
-    "SEED",
-    "FIRST_SEED",
-    "OUT",
-    "DATA",
-    "RUN_INDEX",
-    "LAUNCHER",
-    "EXTRA_ARGS",
-    "DRY_RUN",
-)
 
 
 def script_env(path: str, **extra: str) -> dict[str, str]:
     """cli_env with PATH replaced and none of the script's inputs inherited from the caller."""
-    env = {k: v for k, v in cli_env().items() if k not in INPUTS}
+    env = {k: v for k, v in cli_env().items() if k not in RUN_AND_TIME_INPUTS}
     env["PATH"] = path
     env.update(extra)
     return env
