@@ -37,10 +37,8 @@ from tests.conftest import cli_env, dataset_files
 from tests.vcluster_fixture import (
     VCLUSTER,
     VCluster,
+    own_cluster,
     run_vcluster,
-    start_cluster,
-    stop_cluster,
-    vcluster_missing,
 )
 
 pytestmark = pytest.mark.cluster
@@ -66,16 +64,8 @@ STAGED_MARKER = ".mlhpc_staged.json"
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[VCluster]:
     """A 4-node cluster of this module's own (node04's /local is a 16 MiB tmpfs)."""
-    reason = vcluster_missing()
-    if reason:
-        pytest.skip(reason)
-    name = f"pf{os.getpid()}"
-    run_vcluster("down", "--name", name)  # a cluster of a killed session that had this PID
-    made = start_cluster(name, "--nodes", "4", "--small-local", "node04:16M")
-    try:
+    with own_cluster(f"pf{os.getpid()}", "--nodes", "4", "--small-local", "node04:16M") as made:
         yield made
-    finally:
-        stop_cluster(made)
 
 
 @pytest.fixture(scope="module")

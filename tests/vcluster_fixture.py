@@ -14,6 +14,7 @@ not root or where Slurm, munge or util-linux's unshare are missing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -197,16 +198,23 @@ def stop_cluster(cluster: VCluster) -> None:
     assert proc.returncode == 0, f"scripts/vcluster down --name {cluster.name}: {proc.stderr.strip()}"
 
 
-@pytest.fixture(scope="session")
-def vcluster() -> Iterator[VCluster]:
-    """One 4-node cluster for the whole test session, named after this pytest process."""
+@contextlib.contextmanager
+def own_cluster(name: str, *args: str) -> Iterator[VCluster]:
+    """A cluster for the `with` block (`up --name NAME ARGS`), down at its end; skips where
+    scripts/vcluster cannot run."""
     reason = vcluster_missing()
     if reason:
         pytest.skip(reason)
-    name = f"pt{os.getpid()}"
     run_vcluster("down", "--name", name)  # a cluster of a killed session that had this PID
-    cluster = start_cluster(name, "--nodes", str(NODES))
+    cluster = start_cluster(name, *args)
     try:
         yield cluster
     finally:
         stop_cluster(cluster)
+
+
+@pytest.fixture(scope="session")
+def vcluster() -> Iterator[VCluster]:
+    """One 4-node cluster for the whole test session, named after this pytest process."""
+    with own_cluster(f"pt{os.getpid()}", "--nodes", str(NODES)) as cluster:
+        yield cluster
