@@ -110,10 +110,79 @@ def open_sample(path: Path | str) -> BinaryIO:
 
 
 def open_h5(path: Path | str) -> Any:
-    """`h5py.File(path, "r")` of a regular file only (see `open_sample`). h5py opens the checked
-    descriptor where Linux shows it (/proc/self/fd: the same file, whatever `path` names by now)."""
+    """`h5py.File(path, "r")` of a regular file only (see `open_sample`), read-only with HDF5's
+    file locking off (nothing else may write a sample while it is read; a lock on a read-only or
+    parallel file system fails), and only when everything in it lives in it (`refuse_reaching_out`).
+    h5py opens the checked descriptor where Linux shows it (/proc/self/fd: the same file, whatever
+    `path` names by now). Every HDF5 sample, stats or year file mlhpc reads is opened here."""
     import h5py  # only the readers of HDF5 datasets pay for it
 
     with open_sample(path) as handle:
         proc = f"/proc/self/fd/{handle.fileno()}"
-        return h5py.File(proc if os.path.exists(proc) else path, "r")
+        h5 = h5py.File(proc if os.path.exists(proc) else path, "r", locking=False)
+    try:
+        refuse_reaching_out(h5, path)
+    except BaseException:
+        h5.close()
+        raise
+    return h5
+
+
+# ---------------------------------------------------------------- HDF5 that reads outside itself
+# A dataset with external storage reads raw bytes from any file it names (a FIFO: a read that
+# blocks holding the GIL, past SIGTERM and Ctrl-C; /etc/shadow: trained on); a virtual dataset
+# opens other HDF5 files, an external link another file. The check walks links and dataset
+# creation properties only, which h5py reads from this file's own metadata: no external file is
+# opened until data is read or (an unlimited virtual dataset) its extent is asked, which it never
+# is here. So it cannot hang, and it costs one walk per open, not per sample read.
+MAX_H5_LINKS = 1024
+"""More links than any sample, stats or year file holds (they hold 2-6): a bound on the walk."""
+_H5_FIX = "rewrite it with all its data inside the file, or regenerate the dataset"
+
+
+def refuse_reaching_out(h5: Any, path: Path | str) -> None:
+    """DataError naming `path`, the object and the fix for an external or user-defined link, a
+    dataset with external storage or a virtual dataset anywhere in the open file `h5`. A soft link
+    stays in the file: whatever it names is reached by hard links too, and checked there."""
+    from h5py import h5l
+
+    links: list[tuple[bytes, int]] = []
+
+    def note(name: bytes, info: Any) -> bool | None:
+        # Raising inside h5py's visit callback surfaces as a SystemError: judge after the walk.
+        links.append((name, info.type))
+        return True if len(links) > MAX_H5_LINKS else None  # a true value stops the walk
+
+    h5.id.links.visit(note, info=True)
+    if len(links) > MAX_H5_LINKS:
+        raise DataError(f"{shown(path)} holds more than {MAX_H5_LINKS} objects; {_H5_FIX}")
+    for name, kind in links:
+        if kind == h5l.TYPE_EXTERNAL:
+            target = h5.id.links.get_val(name)[0].decode(errors="replace")
+            _refuse(path, name, f"is an external link to {shown(target)}")
+        elif kind not in (h5l.TYPE_HARD, h5l.TYPE_SOFT):
+            _refuse(path, name, f"is a user-defined link (type {kind})")
+    for name, kind in links:
+        if kind == h5l.TYPE_HARD:
+            _judge_object(h5, path, name)
+
+
+def _judge_object(h5: Any, path: Path | str, name: bytes) -> None:
+    """A dataset's creation properties, read through the low-level id: the high-level Dataset asks
+    for the extent, which opens the source files of an unlimited virtual dataset."""
+    from h5py import h5d, h5o
+
+    dataset = h5o.open(h5.id, name)
+    if not isinstance(dataset, h5d.DatasetID):
+        return
+    dcpl = dataset.get_create_plist()
+    if dcpl.get_external_count() > 0:
+        target = dcpl.get_external(0)[0].decode(errors="replace")
+        _refuse(path, name, f"keeps its data in another file ({shown(target)}, HDF5 external storage)")
+    if dcpl.get_layout() == h5d.VIRTUAL:
+        target = dcpl.get_virtual_filename(0) if dcpl.get_virtual_count() else "?"
+        _refuse(path, name, f"is a virtual dataset reading {shown(target)}")
+
+
+def _refuse(path: Path | str, name: bytes, what: str) -> None:
+    raise DataError(f"{shown(path)}: {shown(name.decode(errors='replace'))} {what}; {_H5_FIX}")

@@ -136,14 +136,45 @@ def new_hasher(algorithm: str) -> Any:
 def hash_file(path: Path, algorithm: str = "xxh3_128", fix: str = SOURCE_FIX) -> str:
     """The checksum of a regular file; a FIFO or device is refused (naming it and `fix`) without
     blocking (`origin.open_regular`)."""
+    return _hash_and_head(path, algorithm, fix)[0]
+
+
+def _hash_and_head(path: Path, algorithm: str, fix: str = SOURCE_FIX) -> tuple[str, bytes]:
+    """(checksum, first chunk): the head tells an HDF5 file by its signature at no extra read."""
     hasher = new_hasher(algorithm)
+    head = b""
     try:
         with open(open_regular(path, fix=fix), "rb", closefd=True) as handle:
             while chunk := handle.read(_CHUNK_BYTES):
+                head = head or chunk
                 hasher.update(chunk)
     except OSError as e:
         raise StagingError(f"{path}: cannot read ({e.strerror}); check the file and its permissions") from e
-    return hasher.hexdigest()
+    return hasher.hexdigest(), head
+
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _is_hdf5(head: bytes) -> bool:
+    """HDF5's superblock starts at 0 or, after a user block, at 512, 1024, 2048, ... bytes."""
+    offsets = [0, *(512 << k for k in range(14))]
+    return any(head[o : o + 8] == _HDF5_SIGNATURE for o in offsets if o < len(head))
+
+
+def _refuse_hdf5_reaching_out(path: Path) -> None:
+    """An HDF5 file whose data lives in other files (external storage, virtual datasets,
+    external links) is refused here as every reader refuses it (`datasets.open_h5`): a manifest
+    would otherwise vouch for a sample whose bytes it never hashed."""
+    from mlhpc.common.datasets import open_h5
+    from mlhpc.common.errors import DataError
+
+    try:
+        open_h5(path).close()
+    except DataError as e:
+        raise StagingError(str(e)) from e
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+        pass  # damaged or not HDF5 after all: the manifest records bytes; the reader says what is wrong
 
 
 def list_dataset_files(root: Path) -> list[str]:
@@ -196,7 +227,9 @@ def build_manifest(
     names = list(files) if files is not None else list_dataset_files(root)
 
     def entry(name: str) -> FileEntry:
-        checksum = hash_file(root / name, algorithm)  # judges the file's type before opening it
+        checksum, head = _hash_and_head(root / name, algorithm)  # judges the file's type first
+        if _is_hdf5(head):
+            _refuse_hdf5_reaching_out(root / name)
         return FileEntry(name, (root / name).stat().st_size, checksum)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
