@@ -17,8 +17,11 @@
 #   DATA        dataset directory to stage (default: mlhpc generates one under OUT/datasets)
 #   LAUNCHER    command prefix that starts the ranks: empty (one process),
 #               "torchrun --standalone --nproc_per_node=N", "srun", "mpirun -np N" (split on spaces)
-#   EXTRA_ARGS  more `mlhpc run` flags and key=value overrides (split on spaces, no globbing)
-#   MLHPC_CMD   how to call mlhpc (default: `mlhpc` when on PATH, else `${PYTHON:-python3} -m mlhpc`;
+#   EXTRA_ARGS  more `mlhpc run` flags and key=value overrides (one line, split on spaces, no globbing)
+#   MLHPC_PYTHON  the Python that runs `-m mlhpc`, one path never split (a path with a space is
+#               fine); it wins over MLHPC_CMD. `mlhpc run --slurm`'s seed jobs set it.
+#   MLHPC_CMD   how to call mlhpc, split on spaces as before (so a path with a space goes in
+#               MLHPC_PYTHON) (default: `mlhpc` when on PATH, else `${PYTHON:-python3} -m mlhpc`;
 #               torchrun always gets `-m mlhpc`)
 #   DRY_RUN     1: print the command and exit 0
 #
@@ -55,16 +58,27 @@ else
     [[ $RUN_INDEX =~ ^(0|[1-9][0-9]*)$ ]] || die "RUN_INDEX=$RUN_INDEX must be 0, 1, 2, ..."
     # On OUT, which every node of the run sees, since rank 0 writes it wherever it runs. It stays
     # there (the script removes no file): the name is this run's alone (index, host, pid, start),
-    # so a file left by an earlier run is never read as this run's seed.
+    # so a file left by an earlier run is never read as this run's seed. The host's name is kept
+    # to letters, digits, `.` and `-` (no `/`: it cannot leave OUT/.mlhpc-runs) and 64 characters.
     printf -v now '%(%s)T' -1
-    seed_file="$OUT/.mlhpc-runs/run_and_time-$RUN_INDEX-${HOSTNAME:-host}-$$-$now.seed"
+    host=${HOSTNAME:-host}
+    host=${host//[^A-Za-z0-9.-]/_}
+    seed_file="$OUT/.mlhpc-runs/run_and_time-$RUN_INDEX-${host:0:64}-$$-$now.seed"
 fi
+
+# A variable read as words is one line: `read` would drop every line after the first unseen.
+for name in LAUNCHER EXTRA_ARGS MLHPC_CMD; do
+    [[ ${!name:-} != *$'\n'* ]] || die "$name holds a newline, and only its first line would be read; put it on one line"
+done
+[[ ${MLHPC_PYTHON:-} != *$'\n'* ]] || die "MLHPC_PYTHON holds a newline; set it to the Python's path"
 
 # Split on whitespace without glob expansion: overrides such as decay_boundary_epochs=[8,10] stay intact.
 read -r -a launcher <<<"${LAUNCHER:-}"
 read -r -a extra <<<"${EXTRA_ARGS:-}"
 if [[ " ${launcher[*]} " =~ [[:space:]/](torchrun|torch\.distributed\.run)[[:space:]] ]]; then
     mlhpc=(-m mlhpc) # torchrun starts python itself
+elif [[ -n ${MLHPC_PYTHON:-} ]]; then
+    mlhpc=("$MLHPC_PYTHON" -m mlhpc) # one path, never split
 elif [[ -n ${MLHPC_CMD:-} ]]; then
     read -r -a mlhpc <<<"$MLHPC_CMD"
 elif command -v mlhpc >/dev/null; then
@@ -95,8 +109,12 @@ fi
 program=${cmd[0]}
 if ! command -v "$program" >/dev/null; then
     from=$([[ ${#launcher[@]} -gt 0 ]] && echo LAUNCHER || echo MLHPC_CMD)
+    split=
+    [[ $from == MLHPC_CMD && -z ${MLHPC_PYTHON:-} && ${MLHPC_CMD:-} == *" "* ]] &&
+        split=" (MLHPC_CMD is split on spaces: a Python whose path has one goes in MLHPC_PYTHON)"
+    [[ -n ${MLHPC_PYTHON:-} && ${#launcher[@]} -eq 0 ]] && from=MLHPC_PYTHON
     echo "run_and_time.sh: $program is not on PATH; activate the venv (. .venv/bin/activate)" \
-        "or give $from its full path" >&2
+        "or give $from its full path$split" >&2
     exit 127
 fi
 

@@ -93,6 +93,7 @@ RUN_AND_TIME_INPUTS = (
     "LAUNCHER",
     "EXTRA_ARGS",
     "MLHPC_CMD",
+    "MLHPC_PYTHON",
     "DRY_RUN",
 )
 """run_and_time.sh's environment inputs: a test of the script sets its own, never inherits them."""

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mlhpc.campaign.seeds import check_numbers
 from mlhpc.common.errors import ConfigError
@@ -23,6 +23,9 @@ from mlhpc.common.vocabulary import (
     Status,
     staging_before_allowed,
 )
+
+if TYPE_CHECKING:
+    from mlhpc.campaign.slurm_graph import SlurmResources
 
 Backend = Literal["auto", "gloo", "nccl", "horovod"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -169,12 +172,18 @@ def from_args(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def check_options(opts: RunOptions) -> None:
+def check_options(opts: RunOptions, slurm: SlurmResources | None = None) -> None:
     """The combinations of options the rules or the campaign model refuse, as one ConfigError.
     Every route calls it before it plans, and again with the ruleset the plan settled on
-    (`check_planned`), before anything is recorded, submitted or staged."""
+    (`check_planned`), before anything is recorded, submitted or staged; `slurm`: the resources
+    of a Slurm campaign, whose strings reach job scripts (the dry run passes them too)."""
     check_numbers(num_runs=opts.num_seeds, first_seed=opts.first_seed, index=opts.index)
     check_numbers(num_runs=opts.instances, first_seed=opts.first_seed, index=None, flag="--instances")
+    check_instances(opts.instances)
+    if slurm is not None:
+        from mlhpc.campaign.job_strings import check_slurm_strings
+
+        check_slurm_strings(opts, slurm)
     if opts.staging == "before" and opts.ruleset is not None and not staging_before_allowed(opts.ruleset):
         raise ConfigError(
             f"--staging before is not allowed by HPC ruleset {opts.ruleset}: it requires staging "
@@ -197,6 +206,25 @@ def check_options(opts: RunOptions) -> None:
         )
 
 
-def check_planned(opts: RunOptions, ruleset: str) -> None:
+def check_instances(instances: int) -> None:
+    """--instances K launched here (one process, no launcher) starts K local ranks: at most what
+    this machine holds (machine.local_process_limit). Under a launcher the ranks are its own."""
+    if instances <= 1:
+        return
+    from mlhpc.campaign.machine import local_process_limit
+    from mlhpc.common.launch import detect_launch
+
+    if detect_launch().world_size > 1:
+        return
+    limit = local_process_limit()
+    if instances > limit.most:
+        raise ConfigError(
+            f"--instances {instances} would start {instances} local ranks, more than this machine holds "
+            f"({limit.most}: {limit.why}); pass --instances {limit.most} or fewer, or start the ranks "
+            "across nodes with a launcher (torchrun, srun)"
+        )
+
+
+def check_planned(opts: RunOptions, ruleset: str, slurm: SlurmResources | None = None) -> None:
     """`check_options` under the ruleset the plan settled on (a campaign file's may be the one)."""
-    check_options(replace(opts, ruleset=ruleset))  # type: ignore[arg-type]
+    check_options(replace(opts, ruleset=ruleset), slurm)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlhpc.campaign.io import campaign_request, plan_out, record_plan, resolve_config
-from mlhpc.campaign.options import RunOptions, check_planned
+from mlhpc.campaign.options import RunOptions, check_options, check_planned
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
 from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmResources, build_graph
 from mlhpc.common.errors import ConfigError, SubmissionError
@@ -36,13 +36,14 @@ def resources_from_args(args: argparse.Namespace) -> SlurmResources:
 
 
 def absolute(opts: RunOptions) -> RunOptions:
-    """`opts` with every path absolute (a job runs in another folder) and a config path too."""
-    path = lambda p: None if p is None else Path(p).absolute()  # noqa: E731
-    config = str(Path(opts.config).absolute()) if Path(opts.config).suffix else opts.config
+    """`opts` with every path absolute and resolved (a job runs in another folder, where a `..`
+    after a link would lead elsewhere) and a config path too."""
+    path = lambda p: None if p is None else Path(p).resolve()  # noqa: E731
+    config = str(Path(opts.config).resolve()) if Path(opts.config).suffix else opts.config
     return replace(
         opts,
         config=config,
-        out=Path(opts.out).absolute(),
+        out=Path(opts.out).resolve(),
         data=path(opts.data),
         local_dir=path(opts.local_dir),
         campaign=path(opts.campaign),
@@ -74,7 +75,7 @@ def find_run_and_time() -> Path:
 
 def slurm_graph(opts: RunOptions, plan: CampaignPlan, resources: SlurmResources) -> SlurmGraph:
     """The job graph of `plan`, under the ruleset the plan settled on (refused here, not per job)."""
-    check_planned(opts, plan.settings.ruleset)
+    check_planned(opts, plan.settings.ruleset, resources)
     tools = JobTools(run_and_time=find_run_and_time(), mlhpc_cmd=(sys.executable, "-m", "mlhpc"))
     generate = plan.generated_data and not (plan.data / MANIFEST_NAME).is_file()
     return build_graph(absolute(opts), plan, resources, tools, generate=generate)
@@ -90,11 +91,34 @@ def submit(graph: SlurmGraph, sbatch: str = "sbatch") -> dict[str, str]:
         atomic_write_text(graph.script_path(job), job.script)
     ids: dict[str, str] = {}
     for job in graph.jobs:
-        ids[job.name] = _sbatch([executable, *graph.sbatch_argv(job, ids)[1:]])
+        try:
+            ids[job.name] = _sbatch([executable, *graph.sbatch_argv(job, ids)[1:]])
+        except SubmissionError as e:
+            raise SubmissionError(f"{e}{_cancel(ids)}") from e
     seeds = {str(job.index): {"job": ids[job.name], "seed": job.seed} for job in graph.seed_jobs}
     record = {"generate": ids.get("generate"), "seeds": seeds, "check": ids["check"]}
     atomic_write_json(graph.folder / "jobs.json", record)
     return ids
+
+
+def _cancel(ids: dict[str, str]) -> str:
+    """Cancel the jobs this submission queued before one was refused (their ids are sbatch's
+    answers to it: nothing else is touched), so no half graph runs; what was done, for the line."""
+    if not ids:
+        return "; nothing was submitted"
+    listed = " ".join(ids.values())
+    scancel = shutil.which("scancel")
+    if scancel is None:
+        return f"; jobs {listed} were submitted before it: scancel {listed}"
+    try:
+        proc = subprocess.run(
+            [scancel, *ids.values()], capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"; jobs {listed} were submitted before it and scancel did not answer: scancel {listed}"
+    if proc.returncode != 0:
+        return f"; jobs {listed} were submitted before it and scancel failed: scancel {listed}"
+    return f"; cancelled the jobs submitted before it ({listed})"
 
 
 def _sbatch(command: list[str]) -> str:
@@ -118,6 +142,7 @@ def run_slurm_campaign(opts: RunOptions, resources: SlurmResources, *, dry_run: 
     """`mlhpc run --slurm`: print the job graph (`dry_run`) or submit it and print the job ids.
     The config is validated first; the plan, the campaign file and the submission happen under
     --out's lock, so a second submission into --out waits for none and mixes nothing."""
+    check_options(opts, resources)  # the strings that reach job scripts, dry run or not
     request = slurm_request(opts)
     if dry_run:
         print(slurm_graph(opts, plan_out(request), resources).dry_run_text(), end="")

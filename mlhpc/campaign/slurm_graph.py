@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from mlhpc.campaign.job_strings import sbatch_time, sbatch_value, sbatch_words, script_word
 from mlhpc.campaign.options import RunOptions
 from mlhpc.campaign.plan import CampaignPlan
 from mlhpc.common.errors import ConfigError
@@ -38,11 +39,12 @@ class SlurmResources:
                 f"--slurm-nodes {self.nodes} --slurm-ntasks-per-node {self.ntasks_per_node}: "
                 "both must be at least 1"
             )
+        # Judged here, where they are built: the dry run and the submission refuse the same.
+        sbatch_time(self.time)
+        if self.partition is not None:
+            sbatch_value("--partition", self.partition, what="--slurm-partition")
         for arg in self.sbatch_args:
-            if not arg.startswith("-") or any(c in arg for c in "\n\r"):
-                raise ConfigError(
-                    f"--sbatch-arg {arg!r} is not one sbatch option; write it as --sbatch-arg=--account=abc"
-                )
+            sbatch_words(arg)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,20 @@ class JobTools:
     run_and_time: Path
     mlhpc_cmd: tuple[str, ...]
     """How a job calls mlhpc: the submitting Python's `python -m mlhpc`."""
+
+    def run_and_time_env(self) -> dict[str, str]:
+        """How run_and_time.sh calls mlhpc: MLHPC_PYTHON, one path never split (a Python whose
+        path has a space), for `python -m mlhpc`; else MLHPC_CMD, which it splits on whitespace."""
+        for word in (str(self.run_and_time), *self.mlhpc_cmd):
+            script_word("a job's program", word)
+        if len(self.mlhpc_cmd) == 3 and self.mlhpc_cmd[1:] == ("-m", "mlhpc"):
+            return {"MLHPC_PYTHON": self.mlhpc_cmd[0]}
+        if any(not word or any(c.isspace() for c in word) for word in self.mlhpc_cmd):
+            raise ConfigError(
+                f"the mlhpc command {shlex.join(self.mlhpc_cmd)} has a word with whitespace, which "
+                "run_and_time.sh's MLHPC_CMD splits; call it as PYTHON -m mlhpc"
+            )
+        return {"MLHPC_CMD": " ".join(self.mlhpc_cmd)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +93,8 @@ class SlurmJob:
 
     @property
     def script(self) -> str:
+        # What sbatch reads: each option came through directives(), the header is one line.
+        assert "\n" not in self.header and "\r" not in self.header, self.header
         sbatch = [f"#SBATCH {option}" for option in self.resources]
         return "\n".join(["#!/bin/bash", f"# {self.header}", *sbatch, "set -euo pipefail", *self.body]) + "\n"
 
@@ -154,7 +172,7 @@ def _seed_job(
         "BENCHMARK": plan.benchmark,
         "SEED": str(seed),
         "LAUNCHER": "srun --kill-on-bad-exit=1",
-        "MLHPC_CMD": shlex.join(tools.mlhpc_cmd),
+        **tools.run_and_time_env(),
     }
     body = (
         "# Node-local disk to stage to; srun passes it to every rank.",
@@ -273,15 +291,20 @@ def without_gpus(sbatch_args: tuple[str, ...]) -> list[str]:
 def directives(
     resources: SlurmResources, *, job_name: str, output: Path, single_task: bool = False
 ) -> tuple[str, ...]:
-    """The sbatch options of one job; the generate and check jobs take a single task and no GPU."""
-    options = [f"--job-name={job_name}"]
+    """The sbatch options of one job; the generate and check jobs take a single task and no GPU.
+    Every value is judged where it lands (job_strings.sbatch_value): sbatch reads each back as
+    written, and --output's `%` that is part of a folder's name is doubled (`%%` is a literal `%`)."""
+    options = [f"--job-name={sbatch_value('--job-name', job_name, what='the job name')}"]
     if single_task:
         options += ["--nodes=1", "--ntasks=1"]
     else:
         options += [f"--nodes={resources.nodes}", f"--ntasks-per-node={resources.ntasks_per_node}"]
-    options.append(f"--time={resources.time}")
+    options.append(f"--time={sbatch_time(resources.time)}")
     if resources.partition:
-        options.append(f"--partition={resources.partition}")
-    options.append(f"--output={output}")
+        options.append(
+            f"--partition={sbatch_value('--partition', resources.partition, what='--slurm-partition')}"
+        )
+    folder = sbatch_value("--output", str(output.parent), what="--out", pattern=True, path=True)
+    options.append(f"--output={folder}/{output.name}")  # the name's own %j is Slurm's pattern
     options += without_gpus(resources.sbatch_args) if single_task else resources.sbatch_args
     return tuple(options)
