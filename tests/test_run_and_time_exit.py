@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -166,3 +167,44 @@ def test_a_real_mlhpc_refusal_prints_no_result(tmp_path: Path) -> None:
     assert "no_such_key" in proc.stderr
     assert not RESULT.search(proc.stdout), proc.stdout
     assert "the run of index 0 failed (exit status 2); no RESULT line" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["EXTRA_ARGS", "LAUNCHER", "MLHPC_CMD", "MLHPC_PYTHON"])
+def test_a_variable_with_a_second_line_is_refused_in_one_line(tmp_path: Path, name: str) -> None:
+    """`read` took the first line of EXTRA_ARGS and dropped the rest unseen (issue 39)."""
+    launcher = launcher_exiting_with(tmp_path / "bin")
+    env = script_env(system_path(tmp_path), OUT="runs/c", LAUNCHER=str(launcher), EXIT_WITH="0")
+    env[name] = env.get(name, "") + "x=1\nloop.max_epochs=2"
+    proc = run(env, tmp_path)
+    assert proc.returncode == 2 and "STARTING" not in proc.stdout, proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert name in line and "newline" in line
+
+
+@pytest.mark.parametrize("host", ["../../escaped", "/etc/x", "a b\tc", "..", "é" * 200])
+def test_the_seed_file_stays_in_out_whatever_the_host_is_called(tmp_path: Path, host: str) -> None:
+    """The seed file's name took $HOSTNAME as it was: `..` and `/` led out of OUT/.mlhpc-runs."""
+    launcher = launcher_exiting_with(tmp_path / "bin")
+    env = script_env(system_path(tmp_path), OUT="runs/c", LAUNCHER=str(launcher), HOSTNAME=host)
+    env.update(EXIT_WITH="0", WRITE_SEED="11")
+    proc = run(env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    launched = proc.stdout.split("launched: ", 1)[1].splitlines()[0].split()
+    seed_file = Path(launched[launched.index("--seed-file") + 1])
+    assert seed_file.parent == Path("runs/c/.mlhpc-runs"), seed_file
+    assert len(seed_file.name) < 200 and all(c.isascii() for c in seed_file.name)
+    assert [p.name for p in (tmp_path / "runs/c/.mlhpc-runs").iterdir()] == [seed_file.name]
+
+
+def test_mlhpc_python_is_one_path_and_mlhpc_cmd_says_where_a_spaced_one_goes(tmp_path: Path) -> None:
+    spaced = tmp_path / "my venv" / "bin"
+    program = launcher_exiting_with(spaced)
+    env = script_env(system_path(tmp_path), OUT="runs/c", MLHPC_PYTHON=str(program), DRY_RUN="1")
+    proc = run(env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert shlex.split(proc.stdout)[:3] == [str(program), "-m", "mlhpc"]
+    env = script_env(system_path(tmp_path), OUT="runs/c", MLHPC_CMD=f"{program} -m mlhpc")
+    proc = run(env, tmp_path)
+    assert proc.returncode == 127
+    (line,) = proc.stderr.strip().splitlines()
+    assert "MLHPC_CMD is split on spaces" in line and "MLHPC_PYTHON" in line
