@@ -112,9 +112,11 @@ def test_weak_scaling_instances_train_at_once_and_score(tmp_path: Path) -> None:
     folder = out / "mlhpc/results/ci/weak/cosmoflow"
     logs = sorted(folder.glob("result_*.txt"))
     assert [p.name for p in logs] == ["result_0.txt", "result_1.txt"], stdout + stderr
-    # Two models are a weak entry the checker reads, but not enough for a cosmoflow score (10).
-    assert proc.returncode == 1, stderr
+    # Two models are a weak entry the checker reads, but not enough for a cosmoflow score (10):
+    # a short campaign, a success of its kind.
+    assert proc.returncode == 0, stderr
     assert "weak scaling needs at least 10" in stdout
+    assert "2 of 10 models: not yet a scoreable entry; train all 10 at once" in stdout
 
     for index, path in enumerate(logs):
         events = mllog_events(path)

@@ -38,9 +38,10 @@ def test_mini_run_reaches_the_iou_target(mini_run) -> None:
     samples = {e["key"]: e["value"] for e in events if e["key"] in ("train_samples", "eval_samples")}
     assert samples == {"train_samples": 256, "eval_samples": 64}
     assert [e["value"] for e in events if e["key"] == "submission_division"] == ["open"]
-    # One seed is not a submission: `mlhpc check` says so, and `run` passes its exit status on.
+    # One seed is not a submission: `mlhpc check` says so, and `run` says what it is (exit 0).
     assert "strong scaling needs exactly 5" in proc.stdout
-    assert proc.returncode == 1, proc.stderr
+    assert "1 of 5 runs: not yet a scoreable entry; run 4 more" in proc.stdout
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_log_passes_the_official_compliance_checker(mini_run) -> None:

@@ -162,9 +162,32 @@ def _train(
         from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
         campaign.check_status = check_command(
-            plan.submitter_dir, ruleset=s.ruleset, ruleset_reason=CAMPAIGN_RULESET
+            plan.submitter_dir,
+            ruleset=s.ruleset,
+            ruleset_reason=CAMPAIGN_RULESET,
+            short_campaign=lambda found, required: short_campaign_line(opts, plan.scaling, found, required),
         )
     return campaign
+
+
+def short_campaign_line(opts: RunOptions, scaling: str, found: int, required: int) -> str:
+    """What a campaign of fewer runs than a score needs is: finished and checked, not yet an
+    entry; and the command that makes it one (the recorded first seed and results are kept)."""
+    import shlex
+
+    weak = scaling == "weak"
+    words = ["mlhpc", "run", opts.benchmark, "--config", opts.config, "--out", str(opts.out)]
+    words += ["--instances" if weak else "--seeds", str(required), *opts.overrides]
+    what = "models" if weak else "runs"
+    if weak:  # weak scaling is timed as one job: more models are a new campaign
+        return (
+            f"{found} of {required} {what}: not yet a scoreable entry; train all {required} at once with "
+            f"`{shlex.join(words)}` into a new --out"
+        )
+    return (
+        f"{found} of {required} {what}: not yet a scoreable entry; run {required - found} more with "
+        f"`{shlex.join([*words, '--resume'])}`"
+    )
 
 
 def _run_each(

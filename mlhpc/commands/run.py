@@ -391,6 +391,11 @@ def _launch_instances(opts: RunOptions) -> int:
     recorded = read_campaign_file(opts.out / CAMPAIGN_FILE)  # the settings the ranks ran with
     assert recorded is not None, "the instances' rank 0 writes the campaign file"
     ruleset = recorded.settings.ruleset
+    from mlhpc.campaign.local import short_campaign_line
+
     return check_command(
-        opts.out / recorded.settings.submitter, ruleset=ruleset, ruleset_reason=CAMPAIGN_RULESET
+        opts.out / recorded.settings.submitter,
+        ruleset=ruleset,
+        ruleset_reason=CAMPAIGN_RULESET,
+        short_campaign=lambda found, required: short_campaign_line(opts, "weak", found, required),
     )
