@@ -37,11 +37,39 @@ def size_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+MAX_THREADS = 1024
+"""--workers: one rank's copy or hash threads; past this they only contend (and each holds a buffer)."""
+# Counts that start local processes: bounded by this machine (campaign/machine.py), so a
+# `--processes 100000` is one line before anything forks, not the pid limit and a traceback.
+_PROCESS_FLAGS = frozenset({"--processes"})
+
+
 def refuse_bad_counts(command: str, counts: dict[str, int | None]) -> None:
-    """Refuse a count below 1 (`--workers 0`) before any work, not deep in a pool."""
+    """Refuse a count below 1 (`--workers 0`), or one over what this machine holds (`--processes`
+    over its CPUs x 4, `--workers` over MAX_THREADS), before any work, not deep in a pool."""
     for flag, value in counts.items():
-        if value is not None and value < 1:
+        if value is None:
+            continue
+        if value < 1:
             raise ConfigError(f"mlhpc {command} {flag} {value}: it must be at least 1; pass {flag} 1 or more")
+        most, why = _most(flag)
+        if most is not None and value > most:
+            raise ConfigError(
+                f"mlhpc {command} {flag} {value}: more than {why} ({most}); pass {flag} {most} or fewer"
+            )
+
+
+def _most(flag: str) -> tuple[int | None, str]:
+    """The machine's bound on the count `flag` gives, and what it comes from."""
+    if flag in _PROCESS_FLAGS:
+        from mlhpc.campaign.machine import RANKS_PER_CPU
+        from mlhpc.common.threads import cpu_budget
+
+        cpus = cpu_budget(look_s=0).cpus
+        return cpus * RANKS_PER_CPU, f"this machine's {cpus} CPUs x {RANKS_PER_CPU} processes"
+    if flag == "--workers":
+        return MAX_THREADS, "the threads one rank can use"
+    return None, ""
 
 
 ALLOW_SIZE_HELP = (
