@@ -192,3 +192,18 @@ def test_a_cgroup_memory_limit_cuts_the_machines_memory(tmp_path: Path) -> None:
     (tmp_path / "memory.max").write_text("max\n")
     total = machine.memory_bytes(tmp_path)
     assert total is not None and total == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_launch_instances_refuses_before_it_starts_anything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The self-launch checks again where the ranks start (a caller that skipped check_options)."""
+    from mlhpc.campaign.options import RunOptions
+    from mlhpc.commands import run
+
+    monkeypatch.setattr(machine, "local_process_limit", lambda: machine.LocalLimit(2, "a test's 2"))
+    started: list[object] = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
+    with pytest.raises(ConfigError, match="--instances 3 .*pass --instances 2 or fewer"):
+        run._launch_instances(RunOptions(benchmark="cosmoflow", out=tmp_path / "o", instances=3))
+    assert started == [] and not (tmp_path / "o").exists()

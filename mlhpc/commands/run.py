@@ -360,18 +360,21 @@ def _launch_instances(opts: RunOptions) -> int:
     left out), then check the submission here (a failing check in a rank would read as a crashed
     worker)."""
     import os
+    import shlex
     import subprocess
     from dataclasses import replace
 
+    from mlhpc.campaign.options import check_instances
     from mlhpc.common.termination import Terminated
     from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
+    check_instances(opts.instances)  # never more local ranks than this machine holds
     # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/threads).
     env = dict(os.environ)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     rank_argv = replace(opts, check=False).to_argv()
     command += [f"--nproc_per_node={opts.instances}", "-m", "mlhpc", *rank_argv]
-    print(f"launching {opts.instances} local ranks, one per instance: {' '.join(command)}", flush=True)
+    print(f"launching {opts.instances} local ranks, one per instance: {shlex.join(command)}", flush=True)
     with subprocess.Popen(command, env=env) as launcher:
         try:
             status = launcher.wait()
