@@ -103,7 +103,7 @@ def test_a_percent_in_out_reaches_sbatch_as_a_literal_percent(tmp_path: Path) ->
 def test_a_refused_sbatch_exits_non_zero_and_cancels_what_it_queued(tmp_path: Path) -> None:
     env, _, cancels = recording(tmp_path, refuse_after=2)
     proc = cli(*RUN, "--out", "runs", cwd=tmp_path, env=env)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "Invalid partition" in line and "cancelled the jobs submitted before it (41 42)" in line
     assert cancels.read_text().split() == ["41", "42"]
