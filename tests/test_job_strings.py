@@ -46,6 +46,8 @@ NASTY = st.sampled_from(
         "#x",
         "é",
         "\x7f",
+        "a\udcffb",
+        "a\x00b",
         "x" * 5000,
     ]
 )
