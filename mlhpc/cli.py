@@ -14,6 +14,7 @@ from mlhpc import __version__
 from mlhpc.commands import (
     OneLineParser,
     check,
+    doctor,
     generate,
     manifest,
     report,
@@ -38,6 +39,7 @@ COMMANDS = (
     verify,
     stage_bench,
     run,
+    doctor,
     check,
     variability,
     report,

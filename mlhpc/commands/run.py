@@ -224,6 +224,8 @@ def _run(args: argparse.Namespace) -> int:
     # refuses what a seed job would, before anything is locked, launched, submitted or recorded.
     opts = from_args(args)
     check_options(opts)
+    if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
+        check_run_environment(opts, device=not args.dry_run)
     refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
@@ -308,6 +310,17 @@ def _check_output_flags(args: argparse.Namespace, opts: RunOptions) -> Path | No
         )
     inputs = [opts.data, opts.out / "campaign.json", opts.campaign]
     return refuse_output_over_inputs(args.seed_file, inputs, "--seed-file", suffixes=(".seed",))
+
+
+def check_run_environment(opts: RunOptions, device: bool = True) -> None:
+    """Before anything is staged, generated or recorded: the benchmark's imports, torch and
+    torchvision built for each other, DALI where the config asks, and (`device`) the device asked
+    for; one line naming the versions and the fix (mlhpc doctor runs the same checks)."""
+    from mlhpc.campaign.io import resolve_config
+    from mlhpc.environment import check_environment
+
+    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
+    check_environment([resolved.info.name], resolved.cfg, opts.device if device else "none")
 
 
 def generated_size(opts: RunOptions) -> tuple[Path, SizeCheck] | None:
