@@ -132,7 +132,7 @@ def _sbatch(command: list[str]) -> str:
             f"{shlex.join(command)} took over {SBATCH_TIMEOUT_S} s; is slurmctld up?"
         ) from e
     job = proc.stdout.strip().split(";", 1)[0]
-    if proc.returncode != 0 or not job.isdigit():
+    if proc.returncode != 0 or not (job.isascii() and job.isdigit()):
         reason = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
         raise SubmissionError(f"{shlex.join(command)} failed: {reason}")
     return job
