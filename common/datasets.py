@@ -110,16 +110,16 @@ def open_sample(path: Path | str) -> BinaryIO:
 
 
 def open_h5(path: Path | str) -> Any:
-    """`h5py.File(path, "r")` of a regular file only (see `open_sample`), read-only with HDF5's
-    file locking off (nothing else may write a sample while it is read; a lock on a read-only or
-    parallel file system fails), and only when everything in it lives in it (`refuse_reaching_out`).
+    """`h5py.File(path, "r")` of a regular file only (see `open_sample`), and only when everything
+    in it lives in it (`refuse_reaching_out`). Read-only, h5py's default locking (a shared lock,
+    taken without waiting; another open of the same file in this process must use the same flag).
     h5py opens the checked descriptor where Linux shows it (/proc/self/fd: the same file, whatever
     `path` names by now). Every HDF5 sample, stats or year file mlhpc reads is opened here."""
     import h5py  # only the readers of HDF5 datasets pay for it
 
     with open_sample(path) as handle:
         proc = f"/proc/self/fd/{handle.fileno()}"
-        h5 = h5py.File(proc if os.path.exists(proc) else path, "r", locking=False)
+        h5 = h5py.File(proc if os.path.exists(proc) else path, "r")
     try:
         refuse_reaching_out(h5, path)
     except BaseException:
