@@ -22,6 +22,7 @@ from mlhpc.commands import (
     run,
     stage,
     stage_bench,
+    status,
     variability,
     verify,
 )
@@ -39,6 +40,7 @@ COMMANDS = (
     verify,
     stage_bench,
     run,
+    status,
     doctor,
     check,
     variability,
