@@ -114,7 +114,7 @@ def sbatch_words(arg: str) -> str:
 def script_word(what: str, value: str) -> str:
     """A word of a job script's commands (shlex-quoted where it is written): NUL and text that
     is not UTF-8 are all that quoting cannot carry."""
-    fix = f"pass {what.split()[0]} without it"
+    fix = f"pass {what} without it"
     if "\x00" in value:
         raise ConfigError(f"{what} {_data(value)} holds NUL, which no command line can hold; {fix}")
     _encodable(what, value, fix)
@@ -143,14 +143,14 @@ def check_slurm_strings(opts: RunOptions, resources: SlurmResources) -> None:
     #SBATCH lines (--out in --output, the partition, the time, each --sbatch-arg; the benchmark's
     --job-name is the catalog's) and the commands (every path and word of the seed jobs' `mlhpc run`)."""
     out = script_path("--out", opts.out)
-    sbatch_value("--output", str(out / "slurm" / "seed_0-%j.out"), what="--out", pattern=True, path=True)
+    sbatch_value("--output", str(out), what="--out", pattern=True, path=True)  # directives() writes out/slurm
     for flag, path in (("--data", opts.data), ("--local-dir", opts.local_dir), ("--campaign", opts.campaign)):
         if path is not None:
             script_path(flag, path)
     for flag, word in (("--config", opts.config), ("--submitter", opts.submitter), ("--system", opts.system)):
         if word is not None:
             script_word(flag, word)
-    script_words("a key=value override", opts.overrides)
+    script_words("the key=value override", opts.overrides)
     sbatch_time(resources.time)
     if resources.partition is not None:
         sbatch_value("--partition", resources.partition, what="--slurm-partition")
