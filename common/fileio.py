@@ -7,6 +7,7 @@ bits a plain `open(path, "w")` would give, `0o666 & ~umask`, not `mkstemp`'s pri
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import threading
@@ -57,6 +58,19 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def finite_json(data: Any) -> Any:
+    """`data` with every NaN or infinity as None: strict JSON (null for undefined), which
+    mlhpc's own reader (safe_json) and every other parser accept."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: finite_json(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite_json(value) for value in data]
+    return data
+
+
 def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write `data` as indented JSON with `atomic_write_text`."""
-    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    """Write `data` as indented strict JSON (non-finite numbers as null) with `atomic_write_text`."""
+    text = json.dumps(finite_json(data), indent=2, sort_keys=False, allow_nan=False)
+    return atomic_write_text(path, text + "\n")

@@ -6,12 +6,15 @@ so that it removes only what it made in the same run."""
 from __future__ import annotations
 
 import contextlib
+import html
+import json
 import os
+import re
 import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,27 +65,116 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def output_conflict(
-    output: Path | str, inputs: Sequence[Path | str], *, folder: bool = False, suffixes: Sequence[str] = ()
-) -> tuple[str, str] | None:
-    """Why writing `output` could damage an input, and the fix; None when it cannot. Judged on
-    the real tree (every symlink followed, a `..` taken after the link it follows): the output
-    may not be an input, lie inside an input folder, or be a hard link to an input file. An
-    existing output must be of the kind written: a folder for `folder`, else a regular file whose
-    name ends in one of `suffixes` (an existing `result_0.txt` is never replaced by a PNG)."""
-    real = os.path.realpath(output)
-    elsewhere = "write it outside what this command reads"
+HEAD_BYTES = 64 << 10
+"""How much of an existing file is read to know its kind: every signature sits in its start."""
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What one output option writes, and how an existing file is known to be one of its own by
+    content, not name: a campaign.json, a systems JSON, a result log, the results store, a
+    manifest or a marker carries none of these signatures, so no output option replaces it."""
+
+    what: str
+    """Named in the refusal: "a `mlhpc check --json` report"."""
+    suffixes: tuple[str, ...]
+    owns: Callable[[bytes], bool]
+    """Given the first HEAD_BYTES of an existing file: whether this option wrote it."""
+
+
+def json_kind(fmt: str, suffix: str = ".json") -> OutputKind:
+    """A JSON object whose first key is `"format": fmt` (the writer puts it first)."""
+    pattern = re.compile(rb'\A\s*\{\s*"format"\s*:\s*' + re.escape(json.dumps(fmt).encode()) + rb"\s*[,}]")
+    return OutputKind(f'a JSON with "format": "{fmt}"', (suffix,), lambda head: bool(pattern.match(head)))
+
+
+def csv_kind(header: str, what: str) -> OutputKind:
+    """A CSV whose first line is exactly `header` (the writer's columns)."""
+    first = header.encode()
+    return OutputKind(what, (".csv",), lambda head: head.split(b"\n", 1)[0].rstrip(b"\r") == first)
+
+
+def page_kind(generator: str) -> OutputKind:
+    """An HTML page carrying `<meta name="generator" content="{generator}">` in its head."""
+    meta = generator_meta(generator).encode()
+    return OutputKind(f"a page of {generator}", (".html",), lambda head: meta in head)
+
+
+def generator_meta(generator: str) -> str:
+    """The tag a page writer puts in its <head>, so page_kind knows the page again."""
+    return f'<meta name="generator" content="{html.escape(generator)}">'
+
+
+PNG_KIND = OutputKind("a PNG", (".png",), lambda head: head.startswith(b"\x89PNG\r\n\x1a\n"))
+"""Every mlhpc plot (common/plots.write_png); no other mlhpc record is a PNG."""
+SQLITE_KIND = OutputKind(
+    "an SQLite database", (".sqlite", ".db"), lambda head: head.startswith(b"SQLite format 3\x00")
+)
+"""The results store; its schema is proven by mlhpc.results.store before any write."""
+SEED_KIND = OutputKind(
+    "a seed file (one integer a line)",
+    (".seed",),
+    lambda head: len(head) < HEAD_BYTES and re.fullmatch(rb"(\d{1,30}\n)*", head) is not None,
+)
+
+
+def _head(real: str) -> bytes | None:
+    """The first HEAD_BYTES of the regular file `real`, opened without blocking; None if unreadable."""
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        return os.read(fd, HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _inside_inputs(real: str, inputs: Sequence[Path | str]) -> tuple[str, str] | None:
     for given in inputs:
         source = os.path.realpath(given)
         if _under(real, source):
             where = "is" if real == source else "is inside"
-            return f"{where} the input {shown(given)}", elsewhere
+            return f"{where} the input {shown(given)}", "write it outside what this command reads"
+    return None
+
+
+def output_conflict(
+    output: Path | str,
+    inputs: Sequence[Path | str],
+    *,
+    folder: bool = False,
+    suffixes: Sequence[str] = (),
+    kind: OutputKind | None = None,
+    writes: Mapping[str, OutputKind] | None = None,
+) -> tuple[str, str] | None:
+    """Why writing `output` could damage an input or another record, and the fix; None when it
+    cannot. Judged on the real tree (every symlink followed, a `..` taken after the link it
+    follows): the output may not be an input, lie inside an input folder, or be a hard link to
+    an input file. An existing output must be of the kind written: a folder for `folder` (and
+    each file `writes` names in it judged as an output of its kind), else a regular file that
+    `kind` recognizes by content as this option's own (or, without `kind`, whose name ends in
+    one of `suffixes`)."""
+    real = os.path.realpath(output)
+    inside = _inside_inputs(real, inputs)
+    if inside is not None:
+        return inside
     try:
         status = os.stat(real)
     except OSError:
         return None  # nothing there yet (or unreachable: the write will say so)
     if folder:
-        return None if stat.S_ISDIR(status.st_mode) else ("exists and is not a folder", "pass a folder")
+        if not stat.S_ISDIR(status.st_mode):
+            return "exists and is not a folder", "pass a folder"
+        for name, inner in (writes or {}).items():
+            conflict = output_conflict(Path(real) / name, inputs, kind=inner)
+            if conflict is not None:
+                return f"holds {name}, which {conflict[0]}", conflict[1]
+        return None
+    if kind is not None:
+        suffixes = kind.suffixes
     new_name = "pass a new name" + (f" or an existing {' or '.join(suffixes)} file" if suffixes else "")
     if not stat.S_ISREG(status.st_mode):
         return "exists and is not a regular file (a folder, FIFO or device)", new_name
@@ -90,7 +182,15 @@ def output_conflict(
         with contextlib.suppress(OSError):
             theirs = os.stat(given)
             if (theirs.st_dev, theirs.st_ino) == (status.st_dev, status.st_ino):
-                return f"is a hard link to the input {shown(given)}", elsewhere
+                return (
+                    f"is a hard link to the input {shown(given)}",
+                    "write it outside what this command reads",
+                )
+    if kind is not None:
+        head = _head(real)
+        if head is None or not kind.owns(head):
+            return f"exists and is not {kind.what}: not a file this option wrote", "pass a new name"
+        return None
     if suffixes and not real.endswith(tuple(suffixes)):
         return f"exists and does not end in {' or '.join(suffixes)}: not a file this option writes", new_name
     return None
@@ -103,15 +203,17 @@ def refuse_output_over_inputs(
     *,
     folder: bool = False,
     suffixes: Sequence[str] = (),
+    kind: OutputKind | None = None,
+    writes: Mapping[str, OutputKind] | None = None,
 ) -> Path:
     """The real path to write `output` to, or a ConfigError naming `option`, why, and the fix.
 
     The one guard for every option that names an output (see `output_conflict`); any command can
-    call it with its own inputs. The caller writes to the returned resolved path, so that a `..`
-    after a symlink, or a folder made on the way, cannot land in an input after the judgement.
-    `inputs` None entries (options not given) are skipped."""
+    call it with its own inputs and the OutputKind it writes. The caller writes to the returned
+    resolved path, so that a `..` after a symlink, or a folder made on the way, cannot land in an
+    input after the judgement. `inputs` None entries (options not given) are skipped."""
     given = [Path(p) for p in inputs if p is not None]
-    conflict = output_conflict(output, given, folder=folder, suffixes=suffixes)
+    conflict = output_conflict(output, given, folder=folder, suffixes=suffixes, kind=kind, writes=writes)
     if conflict is not None:
         why, fix = conflict
         raise ConfigError(f"{option} {shown(output)} {why}; {fix}")

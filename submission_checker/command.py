@@ -14,12 +14,14 @@ from mlhpc.common.errors import MlhpcError
 from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.printable import shown
 from mlhpc.common.waiting import say_if_slow
+from mlhpc.common.writable import csv_kind, json_kind, page_kind, refuse_output_over_inputs
 
 from .check import check_submission
-from .export import report_csv
+from .export import COLUMNS, report_csv
 from .findings import RULE_RUN_COUNT, RULE_SCORE, Finding
-from .html_report import write_html_report
+from .html_report import GENERATOR, REPORT_NAME, write_html_report
 from .report import CheckReport, EntryReport
+from .table import fitted_table, scores_text
 
 EXIT_OK = 0
 EXIT_ERRORS = 1
@@ -61,29 +63,27 @@ def _rcp(entry: EntryReport) -> str:
     return verdict + factor
 
 
-def report_table(report: CheckReport) -> Table:
-    """One row per entry: who, where, how many runs, the scores and how many findings."""
+def report_table(report: CheckReport, console: Console | None = None) -> Table:
+    """One row per entry: who, where, how many runs, the scores and how many findings, laid out
+    to fit `console` with every number whole (table.fitted_table)."""
     title = shown(f"MLPerf HPC check of {report.root} (ruleset {report.ruleset}, {report.ruleset_reason})")
-    table = Table(title=Text(title))
-    for name in ("submitter", "system", "scaling", "benchmark", "runs"):
-        table.add_column(name)
-    for name in ("raw min", "RCP", "score min", "models/min"):
-        table.add_column(name, justify="right")
-    table.add_column("findings")
-    for e in report.entries:
-        per_min = "-" if e.models_per_min is None else f"{e.models_per_min:.4f}"
-        table.add_row(
-            *(Text(shown(v)) for v in (e.submitter, e.system, e.scaling, e.benchmark, _runs(e))),
-            _minutes(e.score_raw_min),
-            _rcp(e),
-            _minutes(e.score_min),
-            per_min,
-            Text(
-                _count(e.findings),
-                style="red" if any(f.severity == "error" for f in e.findings) else "",
-            ),
-        )
-    return table
+
+    def cells(e: EntryReport) -> dict[str, str | Text]:
+        error = any(f.severity == "error" for f in e.findings)
+        return {
+            "submitter": e.submitter,
+            "system": e.system,
+            "scaling": e.scaling,
+            "benchmark": e.benchmark,
+            "runs": _runs(e),
+            "raw min": _minutes(e.score_raw_min),
+            "RCP": _rcp(e),
+            "score min": _minutes(e.score_min),
+            "models/min": "-" if e.models_per_min is None else f"{e.models_per_min:.4f}",
+            "findings": Text(_count(e.findings), style="red" if error else ""),
+        }
+
+    return fitted_table(report, console or Console(width=10_000), cells, title)
 
 
 def flops_lines(report: CheckReport) -> list[Text]:
@@ -127,7 +127,7 @@ def finding_line(finding: Finding) -> Text:
 
 
 def print_report(report: CheckReport, console: Console) -> None:
-    console.print(report_table(report))
+    console.print(report_table(report, console))
     findings = list(report.all_findings())
     for line in [*flops_lines(report), *energy_lines(report)]:
         console.print(line, soft_wrap=True)
@@ -138,10 +138,35 @@ def print_report(report: CheckReport, console: Console) -> None:
     console.print(
         Text(
             f"{verdict}: {len(report.entries)} entries, {errors} error(s), "
-            f"{len(findings) - errors} warning(s)",
+            f"{len(findings) - errors} warning(s){scores_text(report)}",
             style="bold red" if errors else "bold green",
-        )
+        ),
+        soft_wrap=True,
     )
+
+
+JSON_FORMAT = "mlhpc check"
+"""The first key of the JSON report: `--json` replaces an existing file only when it carries it."""
+JSON_KIND = json_kind(JSON_FORMAT)
+CSV_KIND = csv_kind(",".join(COLUMNS), "a `mlhpc check --csv` table")
+PAGE_FILES = {REPORT_NAME: page_kind(GENERATOR)}
+
+
+def judge_outputs(path: Path, outputs: dict[str, Path | None]) -> dict[str, Path | None]:
+    """Each output's real path, or a ConfigError before the check: none may be, or lie in, the
+    checked folder, and an existing one must be this option's own earlier output."""
+    judged: dict[str, Path | None] = {}
+    for kind, where in outputs.items():
+        option = f"--{kind}"
+        if where is None:
+            judged[kind] = None
+        elif kind == "report":
+            judged[kind] = refuse_output_over_inputs(where, [path], option, folder=True, writes=PAGE_FILES)
+        else:
+            judged[kind] = refuse_output_over_inputs(
+                where, [path], option, kind=JSON_KIND if kind == "json" else CSV_KIND
+            )
+    return judged
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -159,7 +184,8 @@ def write_outputs(report: CheckReport, outputs: dict[str, Path | None], out: Con
                 "(the check never writes into a submission)"
             )
     if outputs.get("json") is not None:
-        out.print(Text(f"wrote {shown(atomic_write_json(outputs['json'], report.to_json()))}"))
+        data = {"format": JSON_FORMAT, **report.to_json()}
+        out.print(Text(f"wrote {shown(atomic_write_json(outputs['json'], data))}"))
     if outputs.get("csv") is not None:
         out.print(Text(f"wrote {shown(atomic_write_text(outputs['csv'], report_csv(report)))}"))
     if outputs.get("report") is not None:
@@ -198,10 +224,11 @@ def check_command(
         out.width = WIDTH_WHEN_PIPED  # a log file has room; rich would squeeze into 80
     err = Console(stderr=True, highlight=False)
     try:
+        outputs = judge_outputs(path, {"json": json_path, "csv": csv_path, "report": report_dir})
         with say_if_slow(f"checking {shown(path)}"):  # a whole round takes tens of seconds
             report = check_submission(path, ruleset=ruleset, jobs=jobs, ruleset_reason=ruleset_reason)
         print_report(report, out)
-        write_outputs(report, {"json": json_path, "csv": csv_path, "report": report_dir}, out)
+        write_outputs(report, outputs, out)
     except MlhpcError as e:
         err.print(Text(error_line(str(e))), soft_wrap=True)
         return EXIT_CANNOT_RUN

@@ -14,12 +14,15 @@ from pathlib import Path
 
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.printable import shown
+from mlhpc.common.writable import generator_meta
 
 from .energy import J_PER_KWH
 from .findings import Finding
 from .report import CheckReport, EntryReport
 
 REPORT_NAME = "index.html"
+GENERATOR = "mlhpc check"
+"""The page's generator tag: `--report` replaces an index.html only when it carries it."""
 MAX_CURVES = 100  # a weak entry can have 600 models; the first hundred show the spread
 WIDTH, HEIGHT, PAD = 560, 260, 44
 COLOURS = (
@@ -291,7 +294,7 @@ def report_html(report: CheckReport) -> str:
     )
     body = "".join(_entry_html(e, i, report.ruleset) for i, e in enumerate(report.entries))
     return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>MLPerf HPC check</title>'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{generator_meta(GENERATOR)}<title>MLPerf HPC check</title>'
         f"<style>{STYLE}</style></head><body><h1>MLPerf HPC check of {_e(report.root)}</h1>"
         f"<p>Ruleset {_e(report.ruleset)} ({_e(report.ruleset_reason)}).</p>{verdict}{_summary_html(report)}"
         f"<h2>Submission-wide findings</h2>{_findings_html(report.findings)}{body}</body></html>\n"

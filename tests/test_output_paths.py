@@ -251,8 +251,7 @@ OUTPUTS: dict[tuple[str, str], Case] = {
     ),
 }
 
-NOT_YET = {
-}
+NOT_YET = {}
 """Outputs their commands do not refuse yet (other owners' files): kept here so that the walk
 still tries them, and says so, until they do."""
 
@@ -412,3 +411,75 @@ def test_a_marked_folder_is_fresh_private_and_removed_only_while_ours(tmp_path: 
     (third.path / MADE_MARKER).unlink()
     os.mkfifo(third.path / MADE_MARKER)
     assert not remove_marked_dir(third) and third.path.is_dir()
+
+
+# ---------------------------------------------------------------- outputs over another command's records
+
+
+def foreign_records(root: Path) -> dict[str, Path]:
+    """One file of each kind another mlhpc command writes, in a campaign that is no input here."""
+    import sqlite3
+
+    other = root / "other"
+    systems = other / "mlhpc" / "systems"
+    systems.mkdir(parents=True)
+    files = {
+        "campaign.json": b'{"submitter": "mlhpc", "ruleset": "3.0.0", "seeds": [1, 2]}\n',
+        "mlhpc/systems/sys.json": b'{"submitter": "mlhpc", "system_name": "sys", "number_of_nodes": "1"}\n',
+        "result_0.txt": b':::MLLOG {"key": "run_start"}\n',
+        "manifest.json": b'{"algorithm": "xxh64", "files": [\n]}\n',
+        ".mlhpc-made-by": b"123-abc\n",
+        "check.json": b'{\n  "format": "mlhpc check",\n  "entries": []\n}\n',
+        "page.html": b'<!DOCTYPE html><html><head><meta name="generator" content="mlhpc check"></head></html>\n',
+    }
+    found = {}
+    for name, data in files.items():
+        (other / name).write_bytes(data)
+        found[name] = other / name
+    with contextlib.closing(sqlite3.connect(other / "results.sqlite")) as db:
+        db.execute("CREATE TABLE entries (id INTEGER)")
+        db.commit()
+    found["results.sqlite"] = other / "results.sqlite"
+    return found
+
+
+OWN = {("check", "--json"): "check.json", ("check", "--report"): "page.html"}
+"""The foreign file that is this option's own kind (replacing it is allowed)."""
+FILE_OUTPUTS = sorted(
+    key for key in OUTPUTS if key[1] not in {"--report", "--out", "--local-dir", "--scratch", "dest"}
+)
+
+
+@pytest.mark.parametrize("key", FILE_OUTPUTS, ids=lambda key: " ".join(key))
+def test_a_file_output_never_replaces_another_commands_record(
+    key: tuple[str, str], inputs: Inputs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = foreign_records(inputs.root)
+    before = tree(inputs.root / "other")
+    for name, target in records.items():
+        if OWN.get(key) == name:
+            continue
+        code = main(OUTPUTS[key].argv(inputs, str(target)))
+        err = capsys.readouterr().err
+        assert code == 2, f"{key} over {name}: exit {code}"
+        assert err.count("\n") == 1 and err.startswith("mlhpc: error: "), err
+        assert tree(inputs.root / "other") == before, f"{key} replaced {name}"
+
+
+@pytest.mark.parametrize("key", [("check", "--report"), ("results compare", "--report")], ids=" ".join)
+def test_a_page_output_never_replaces_a_foreign_index_html(
+    key: tuple[str, str], inputs: Inputs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = foreign_records(inputs.root)
+    site = inputs.root / "site"
+    site.mkdir()
+    for name in ("campaign.json", "results.sqlite", "page.html", "check.json"):
+        if key == ("check", "--report") and name == "page.html":
+            continue  # check's own page: replaced by design
+        shutil.copy(records[name], site / "index.html")
+        before = tree(site)
+        code = main(OUTPUTS[key].argv(inputs, str(site)))
+        err = capsys.readouterr().err
+        assert code == 2, f"{key} over index.html={name}: exit {code}"
+        assert "index.html" in err and err.count("\n") == 1, err
+        assert tree(site) == before

@@ -27,7 +27,7 @@ from mlhpc.common.launch import detect_launch
 from mlhpc.common.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.mllogger import MLLog, constants
 from mlhpc.common.printable import shown
-from mlhpc.common.writable import refuse_output_over_inputs
+from mlhpc.common.writable import json_kind, refuse_output_over_inputs
 from mlhpc.system_desc import stable_system_name
 
 
@@ -52,7 +52,7 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
     if json_out is not None:  # refused before anything is read or printed
         data = opts.data or dataset_dir(opts.out, bench.name, opts.config)
         inputs = [data, opts.out / CAMPAIGN_FILE, opts.out / plan.settings.submitter]
-        json_where = refuse_output_over_inputs(json_out, inputs, "--json", suffixes=(".json",))
+        json_where = refuse_output_over_inputs(json_out, inputs, "--json", kind=DRY_RUN_KIND)
     if opts.data is not None:
         bench.validate_dataset(cfg, opts.data)
     settings = plan.settings
@@ -315,4 +315,10 @@ def training_text(view: dict[str, Any], shown_names: int = 3) -> str:
 def write_json(view: dict[str, Any], where: Path) -> None:
     """The view as JSON, written atomically to the path refuse_output_over_inputs returned (a
     third-party config's value JSON lacks, a path say, as its text)."""
-    atomic_write_text(where, json.dumps(view, indent=2, default=str, allow_nan=False) + "\n")
+    text = json.dumps({"format": DRY_RUN_FORMAT, **view}, indent=2, default=str, allow_nan=False)
+    atomic_write_text(where, text + "\n")
+
+
+DRY_RUN_FORMAT = "mlhpc run --dry-run"
+"""The first key of `--json`: an existing file is replaced only when it carries it."""
+DRY_RUN_KIND = json_kind(DRY_RUN_FORMAT)

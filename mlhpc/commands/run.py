@@ -294,7 +294,7 @@ def _check_output_flags(args: argparse.Namespace, opts: RunOptions) -> Path | No
     writes (not over the data or the campaign file, nor an existing file of another kind)."""
     from mlhpc.common.errors import ConfigError
     from mlhpc.common.printable import shown
-    from mlhpc.common.writable import refuse_output_over_inputs
+    from mlhpc.common.writable import SEED_KIND, refuse_output_over_inputs
 
     if args.json is not None and (not args.dry_run or args.slurm):
         raise ConfigError(
@@ -309,7 +309,7 @@ def _check_output_flags(args: argparse.Namespace, opts: RunOptions) -> Path | No
             "drop --dry-run, --slurm or --instances, or drop --seed-file"
         )
     inputs = [opts.data, opts.out / "campaign.json", opts.campaign]
-    return refuse_output_over_inputs(args.seed_file, inputs, "--seed-file", suffixes=(".seed",))
+    return refuse_output_over_inputs(args.seed_file, inputs, "--seed-file", kind=SEED_KIND)
 
 
 def check_run_environment(opts: RunOptions, device: bool = True) -> None:

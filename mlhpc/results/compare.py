@@ -19,7 +19,13 @@ from mlhpc.common.errors import MlhpcError, SubmissionError
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.printable import shown
 from mlhpc.common.waiting import say_if_slow
-from mlhpc.common.writable import refuse_output_over_inputs
+from mlhpc.common.writable import (
+    PNG_KIND,
+    SQLITE_KIND,
+    generator_meta,
+    page_kind,
+    refuse_output_over_inputs,
+)
 from mlhpc.results.store import (
     add_reports,
     entry_name,
@@ -33,6 +39,9 @@ from mlhpc.submission_checker.ruleset import ruleset_of_folder
 
 REPORT_NAME = "index.html"
 PLOT_NAME = "compare.png"
+GENERATOR = "mlhpc results compare"
+"""The page's generator tag: an existing index.html is replaced only when it carries it."""
+REPORT_FILES = {REPORT_NAME: page_kind(GENERATOR), PLOT_NAME: PNG_KIND}
 J_PER_KWH = 3.6e6
 # (title, column, how shown): what `compare` sets side by side.
 FIGURES = (
@@ -54,7 +63,10 @@ def origin_of(root: Path, requested: str) -> str:
 def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, console: Console) -> int:
     """Check each folder, then store all their entries in one transaction."""
     # The store is written; a store inside a submission it reads would change what it checks.
-    refuse_output_over_inputs(db, list(dirs), "--db")
+    refuse_output_over_inputs(db, list(dirs), "--db", kind=SQLITE_KIND)
+    if Path(db).exists():  # another program's database or a planted trigger: refused before the checks
+        with open_store(db, create=False):
+            pass
     started = time.perf_counter()
     reports = []
     for folder in dirs:
@@ -181,6 +193,8 @@ def compare_command(
 ) -> int:
     """The entry `name` first, then the published entries of its benchmark of like scale and
     configuration (`show_all`: every one, the unlike ones marked with why)."""
+    if report_dir is not None:  # judged first: the page may not land on the store it reads
+        report_dir = refuse_output_over_inputs(report_dir, [db], "--report", folder=True, writes=REPORT_FILES)
     with open_store(db, create=False) as connection:
         entry = find_entry(connection, name, db)
         published = fetch_entries(
@@ -298,7 +312,7 @@ def write_compare_report(
     image = base64.b64encode(png.read_bytes()).decode()
     title = _e(f"{entry_name(entry)} against the published {entry['benchmark']} entries")
     page = (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{generator_meta(GENERATOR)}<title>{title}</title>'
         f"<style>{PAGE_STYLE}</style></head><body><h1>{title}</h1>"
         f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
         f'<p><img alt="comparison plot" src="data:image/png;base64,{image}"></p></body></html>\n'

@@ -22,7 +22,7 @@ from mlhpc.common.printable import shown
 from mlhpc.common.safe_read import RefusedFile, find_files, read_bytes
 from mlhpc.common.timing import PHASES, Breakdown
 from mlhpc.common.waiting import say_if_slow
-from mlhpc.common.writable import refuse_output_over_inputs
+from mlhpc.common.writable import PNG_KIND, csv_kind, json_kind, refuse_output_over_inputs
 
 MAX_BREAKDOWN_BYTES = 2**20
 """A breakdown file is about 1 kB; anything this big is not one."""
@@ -153,11 +153,11 @@ def report_command(
 
     # Outputs judged before reading: none may be, or lie in, the folder the report reads.
     outputs = {
-        option: refuse_output_over_inputs(path, [folder], option, suffixes=(suffix,))
-        for option, path, suffix in (
-            ("--plot", plot, ".png"),
-            ("--json", json_path, ".json"),
-            ("--csv", csv_path, ".csv"),
+        option: refuse_output_over_inputs(path, [folder], option, kind=kind)
+        for option, path, kind in (
+            ("--plot", plot, PNG_KIND),
+            ("--json", json_path, JSON_KIND),
+            ("--csv", csv_path, CSV_KIND),
         )
         if path is not None
     }
@@ -179,7 +179,8 @@ def report_command(
         console.print()
     if "--json" in outputs:
         atomic_write_json(
-            outputs["--json"], {"campaigns": [_entry_json(e, m) for e, m in campaigns(runs).items()]}
+            outputs["--json"],
+            {"format": JSON_FORMAT, "campaigns": [_entry_json(e, m) for e, m in campaigns(runs).items()]},
         )
         console.print(f"wrote {escape(shown(outputs['--json']))}")
     if "--csv" in outputs:
@@ -285,6 +286,10 @@ CSV_FIELDS = (
     "train_samples_seen",
     "settings",
 )
+JSON_FORMAT = "mlhpc report"
+"""The first key of `--json`: an existing file is replaced only when it carries it."""
+JSON_KIND = json_kind(JSON_FORMAT)
+CSV_KIND = csv_kind(",".join(CSV_FIELDS), "a `mlhpc report --csv` table")
 
 
 def report_csv(runs: list[RunBreakdown]) -> str:

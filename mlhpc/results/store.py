@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import os
 import sqlite3
@@ -25,6 +26,9 @@ from mlhpc.submission_checker.report import CheckReport, EntryReport, RunReport
 DB_ENV = "MLHPC_RESULTS_DB"
 APPLICATION_ID = 0x6D6C6870  # "mlhp" in the SQLite header: marks a file this program made
 SCHEMA_VERSION = 1
+MAX_ID = 2**63 - 1
+"""SQLite's largest INTEGER: a longer id names no entry."""
+MAX_ID_DIGITS = len(str(MAX_ID))
 BUSY_TIMEOUT_S = 60.0
 """How long a writer waits for another process's transaction before giving up."""
 ORIGINS = ("published", "ours")
@@ -154,6 +158,7 @@ def _prepare(connection: sqlite3.Connection, db: Path) -> None:
     app = connection.execute("PRAGMA application_id").fetchone()[0]
     version = connection.execute("PRAGMA user_version").fetchone()[0]
     if app == APPLICATION_ID and version == SCHEMA_VERSION:
+        _verify_schema(connection, db)
         return
     if app == APPLICATION_ID and version > SCHEMA_VERSION:
         raise MlhpcError(f"{db} was written by a newer mlhpc (schema {version}); upgrade mlhpc")
@@ -166,6 +171,7 @@ def _prepare(connection: sqlite3.Connection, db: Path) -> None:
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 connection.execute(statement)
+        _verify_schema(connection, db)  # an empty file with our id may still hold a planted object
         connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         connection.execute("COMMIT")
@@ -331,6 +337,30 @@ def _checked(row: sqlite3.Row, db: str) -> dict[str, Any]:
     return entry
 
 
+@functools.cache
+def _expected_objects() -> frozenset[tuple[str, str, str, str | None]]:
+    """sqlite_master of a store made by SCHEMA: every table, index and its SQL, nothing else."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as memory:
+        memory.executescript(SCHEMA)
+        return frozenset(memory.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"))
+
+
+def _verify_schema(connection: sqlite3.Connection, db: Path) -> None:
+    """Refuse a store whose objects differ from SCHEMA in any way: a planted trigger (which would
+    run on the next `add`), a view, an extra table or index, a changed column. Checked on every
+    open, before anything is read or written."""
+    found = frozenset(connection.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"))
+    extra, missing = found - _expected_objects(), _expected_objects() - found
+    if extra or missing:
+        what = sorted(f"{kind} {shown(name)}" for kind, name, _, _ in extra) or [
+            f"missing or changed {kind} {name}" for kind, name, _, _ in sorted(missing)
+        ]
+        raise MlhpcError(
+            f"{db} is not a results store as mlhpc makes it ({', '.join(what[:5])}): nothing was "
+            f"read or written; {_fix(db)}"
+        )
+
+
 def fetch_entries(
     connection: sqlite3.Connection, where: str = "", args: Sequence[Any] = ()
 ) -> list[dict[str, Any]]:
@@ -346,8 +376,10 @@ def fetch_entries(
 def find_entry(connection: sqlite3.Connection, name: str, db: Path) -> dict[str, Any]:
     """One entry by id, or by [origin/][ruleset/]submitter/system/scaling/benchmark or any tail of it
     (system/scaling/benchmark); a miss or several matches is one line naming what exists."""
-    if name.isdigit():
-        found = fetch_entries(connection, "id = ?", (int(name),))
+    if name.isascii() and name.isdigit():  # '²' is a digit to Python, not an id
+        # an id beyond SQLite's 64-bit integers (or Python's 4300-digit int limit) is no entry
+        number = int(name) if len(name) <= MAX_ID_DIGITS else MAX_ID + 1
+        found = fetch_entries(connection, "id = ?", (number,)) if number <= MAX_ID else []
     else:
         parts = [p for p in name.strip("/").split("/") if p]
         found = [e for e in fetch_entries(connection) if _matches(e, parts)]

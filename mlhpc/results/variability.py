@@ -23,7 +23,7 @@ from mlhpc.common.plots import pyplot, write_png
 from mlhpc.common.printable import shown
 from mlhpc.common.safe_read import find_files, refusal
 from mlhpc.common.waiting import say_if_slow
-from mlhpc.common.writable import refuse_output_over_inputs
+from mlhpc.common.writable import PNG_KIND, refuse_output_over_inputs
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -254,7 +254,7 @@ def variability_command(
     from rich.markup import escape
 
     if plot is not None:  # before the reading: a plot over a log it reads is refused up front
-        plot = refuse_output_over_inputs(plot, [folder], "--plot", suffixes=(".png",))
+        plot = refuse_output_over_inputs(plot, [folder], "--plot", kind=PNG_KIND)
     with say_if_slow(f"reading the result logs under {shown(folder)}"):
         groups = read_runs(folder)
     with say_if_slow(f"working out the run counts of {len(groups)} entries"):
