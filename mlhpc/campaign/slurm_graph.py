@@ -59,7 +59,7 @@ class JobTools:
         """How run_and_time.sh calls mlhpc: MLHPC_PYTHON, one path never split (a Python whose
         path has a space), for `python -m mlhpc`; else MLHPC_CMD, which it splits on whitespace."""
         for word in (str(self.run_and_time), *self.mlhpc_cmd):
-            script_word("a job's program", word)
+            script_word("the path of the submitting Python or run_and_time.sh", word)
         if len(self.mlhpc_cmd) == 3 and self.mlhpc_cmd[1:] == ("-m", "mlhpc"):
             return {"MLHPC_PYTHON": self.mlhpc_cmd[0]}
         if any(not word or any(c.isspace() for c in word) for word in self.mlhpc_cmd):
