@@ -36,9 +36,18 @@ def corrupt(archive: Path, kind: str, offset: int, reason: str, inner: bool = Fa
     )
 
 
+def unchecked_frame(archive: Path, frame: int, offset: int) -> CorruptArchiveError:
+    return CorruptArchiveError(
+        f"{archive}: zstd frame {frame} at byte {offset} carries no checksum though the first frame "
+        "does, so a damaged byte in it would be staged unnoticed; recompress it with checksums (zstd's "
+        f"default), or write its manifest where it was made: mlhpc manifest {archive}"
+    )
+
+
 class _ZstdFrames:
     """Follows the frame and block headers of a zstd stream as its bytes pass by, so that a stream
-    that ends inside a frame is seen: python-zstandard's reader ends there without a word."""
+    that ends inside a frame is seen: python-zstandard's reader ends there without a word. It also
+    notes the first frame after the first one with a checksum that has none (`unchecked`)."""
 
     MAGIC = 0xFD2FB528
 
@@ -48,7 +57,12 @@ class _ZstdFrames:
         self._skip = 0  # body bytes to pass over
         self._state = "magic"
         self._checksum = False
+        self._consumed = 0  # bytes of the stream fed so far
+        self._frames = 0
+        self._first_checked: bool | None = None
         self.error: str | None = None
+        self.unchecked: tuple[int, int] | None = None
+        """(frame number, byte) of a frame without a checksum after a first frame with one."""
 
     @property
     def between_frames(self) -> bool:
@@ -61,10 +75,12 @@ class _ZstdFrames:
                 step = min(self._skip, len(view) - at)
                 self._skip -= step
                 at += step
+                self._consumed += step
                 continue
             take = min(self._want - len(self._head), len(view) - at)
             self._head += bytes(view[at : at + take])
             at += take
+            self._consumed += take
             if len(self._head) == self._want:
                 head, self._head = self._head, b""
                 self._step(head)
@@ -83,6 +99,7 @@ class _ZstdFrames:
         elif self._state == "descriptor":
             single = (value >> 5) & 1
             self._checksum = bool((value >> 2) & 1)
+            self._note_checksum()
             content = (0 if not single else 1, 2, 4, 8)[value >> 6]
             self._skip = (0 if single else 1) + (0, 1, 2, 4)[value & 3] + content
             self._state, self._want = "block", 3
@@ -94,6 +111,13 @@ class _ZstdFrames:
             if value & 1:  # the frame's last block; then its checksum, if it has one
                 self._skip += 4 if self._checksum else 0
                 self._state, self._want = "magic", 4
+
+    def _note_checksum(self) -> None:
+        self._frames += 1
+        if self._first_checked is None:
+            self._first_checked = self._checksum
+        elif self._first_checked and not self._checksum and self.unchecked is None:
+            self.unchecked = (self._frames, self._consumed - 5)  # the frame's magic and descriptor
 
 
 class _Reader(io.RawIOBase):
@@ -109,11 +133,15 @@ class _Reader(io.RawIOBase):
 
 
 class _Source(_Reader):
-    """The archive's bytes as read (counted); for zstd, judged frame by frame on the way."""
+    """The archive's bytes as read (counted); for zstd, judged frame by frame on the way. With
+    `every_frame_checked`, a zstd frame without a checksum after a first frame with one is refused
+    before its bytes are decompressed: the first frame is what `archive.unchecked_warning` reads,
+    so such an archive would be staged with no warning and a damaged byte in that frame unnoticed."""
 
-    def __init__(self, raw: IO[bytes], archive: Path, kind: str) -> None:
+    def __init__(self, raw: IO[bytes], archive: Path, kind: str, every_frame_checked: bool = False) -> None:
         self._raw, self.archive, self.kind = raw, archive, kind
         self._frames = _ZstdFrames() if kind == "zst" else None
+        self._every_frame_checked = every_frame_checked
         self.offset = 0
 
     def read(self, size: int = -1) -> bytes:
@@ -124,6 +152,8 @@ class _Source(_Reader):
                 raise corrupt(self.archive, self.kind, self.offset, self._frames.error)
             if not data and not self._frames.between_frames:
                 raise corrupt(self.archive, self.kind, self.offset, "the stream ends inside a zstd frame")
+            if self._every_frame_checked and self._frames.unchecked is not None:
+                raise unchecked_frame(self.archive, *self._frames.unchecked)
         self.offset += len(data)
         return data
 
@@ -189,14 +219,18 @@ class _Header(tarfile.TarInfo):
 
 
 @contextlib.contextmanager
-def open_archive(raw: IO[bytes], kind: str, archive: Path) -> Iterator[tarfile.TarFile]:
+def open_archive(
+    raw: IO[bytes], kind: str, archive: Path, every_frame_checked: bool = False
+) -> Iterator[tarfile.TarFile]:
     """A streaming TarFile over the raw archive bytes (no seeking: it also reads from a pipe).
+    `every_frame_checked`: refuse a .tar.zst that checksums its first frame and not a later one
+    (staging with no manifest to check the members against; see `_Source`).
 
     Whatever is wrong with the stream (a header that fails its checksum, an end before the
     end-of-archive block, data after it, a decompressor error) raises one CorruptArchiveError
     naming the archive and the byte; when the body finishes, the rest of the stream is read and
     must be zeros, so that a compressed stream is also checked to its end."""
-    decoded = _Decoded(_Source(raw, archive, kind))
+    decoded = _Decoded(_Source(raw, archive, kind, every_frame_checked))
     try:
         with tarfile.open(fileobj=decoded, mode="r|", bufsize=1 << 20, tarinfo=_Header) as tar:
             yield tar
