@@ -5,7 +5,9 @@ mtime, ctime, inode and device); a rerun keeps a copy only when its source's ide
 the recorded one (and its manifest checksum, where the source has one, still the one it was
 copied against). Writing a file moves its mtime and ctime; setting the mtime back (`touch -d`)
 moves the ctime, which no user can set: without a manifest, a file changed in place is caught
-unless the system clock was set back or the disk was written below the file system.
+unless the system clock was set back or the disk was written below the file system. Where that
+evidence is weak (`weak_evidence`: FUSE, such as sshfs, or whole-second timestamps) no identity
+is recorded, so a rerun keeps a copy only on its manifest's checksum and else copies it again.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from pathlib import Path
 
 from mlhpc.common.errors import StagingError
 
@@ -41,7 +44,10 @@ RACY_WHOLE_SECOND_NS = 2_000_000_000
 
 def recorded_identity(info: os.stat_result) -> str:
     """The identity a copy records for a source stat'ed as `info` when it was opened: "" when the
-    file changed so recently that a further change might not move its timestamps (`RACY_NS`)."""
+    file changed so recently that a further change might not move its timestamps (`RACY_NS`), or
+    when its file system cannot prove it unchanged (`weak_evidence`)."""
+    if weak_evidence(info) is not None:
+        return ""
     latest = max(info.st_mtime_ns, info.st_ctime_ns)
     window = RACY_WHOLE_SECOND_NS if latest % 1_000_000_000 == 0 else RACY_NS
     return "" if time.time_ns() - latest < window else identity(info)
@@ -54,6 +60,46 @@ def current_identity(path: str | os.PathLike[str]) -> str:
     except OSError:
         return ""
     return identity(info) if stat.S_ISREG(info.st_mode) else ""
+
+
+# ---------------------------------------------------------------- when identity proves nothing
+# sshfs (any FUSE file system) reports the ctime the server chooses (SFTP has none: sshfs shows
+# the mtime, which a user sets back with `touch -d`) and inode numbers FUSE makes up; a file
+# system of whole-second timestamps cannot tell two writes in one second apart. There a file can
+# be changed and its size, timestamps and inode put back: they are no evidence of its content.
+# FUSE is told by the mount table (type `fuse`, `fuse.<name>` or `fuseblk`: statfs's f_type
+# 0x65735546, which Python's os does not give).
+_FS_TYPES: dict[int, str] = {}
+
+
+def _fs_type(dev: int) -> str:
+    """The type of the mounted file system of device `dev` ("" when unknown), from the kernel's
+    mount table, read again only for a device not seen before (one read per staging, not per file)."""
+    if dev not in _FS_TYPES:
+        try:
+            table = Path("/proc/self/mountinfo").read_text(errors="replace")
+        except OSError:
+            table = ""
+        for line in table.splitlines():
+            fields, _, rest = line.partition(" - ")
+            parts = fields.split()
+            if len(parts) > 2 and rest and ":" in parts[2]:
+                major, _, minor = parts[2].partition(":")
+                if major.isdigit() and minor.isdigit():
+                    _FS_TYPES.setdefault(os.makedev(int(major), int(minor)), rest.split()[0])
+        _FS_TYPES.setdefault(dev, "")
+    return _FS_TYPES[dev]
+
+
+def weak_evidence(info: os.stat_result) -> str | None:
+    """Why the size, timestamps and inode of a file stat'ed as `info` cannot prove it unchanged
+    (a FUSE file system such as sshfs, or whole-second timestamps); None when they can."""
+    fs_type = _fs_type(info.st_dev)
+    if fs_type == "fuse" or fs_type.startswith(("fuse.", "fuseblk")):
+        return f"it is on a FUSE file system ({fs_type}), whose ctime and inode numbers its server chooses"
+    if info.st_mtime_ns % 1_000_000_000 == 0 and info.st_ctime_ns % 1_000_000_000 == 0:
+        return "its file system keeps whole-second timestamps"
+    return None
 
 
 def kind_of(mode: int) -> str:

@@ -5,6 +5,7 @@ listing, read by rank 0 and broadcast, and the bytes a node needs room for.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import Communicator
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, scan_dataset
+from mlhpc.staging.origin import weak_evidence
+
+log = logging.getLogger(__name__)
 
 
 def describe_source(comm: Communicator, src: Path) -> tuple[Manifest, bool]:
@@ -35,7 +39,9 @@ def describe_source(comm: Communicator, src: Path) -> tuple[Manifest, bool]:
 def read_source(src: Path) -> tuple[Manifest, bool]:
     """A directory's manifest (or its listing) or an archive's manifest (or an empty one)."""
     try:
-        return _read_source(src)
+        manifest, trusted = _read_source(src)
+        _say_if_evidence_is_weak(src, manifest, trusted)
+        return manifest, trusted
     except OSError as e:
         raise StagingError(
             f"cannot read staging source {e.filename or src} ({e.strerror or e}); check it and its permissions"
@@ -59,6 +65,31 @@ def _read_source(src: Path) -> tuple[Manifest, bool]:
             f"staging source {src} is neither a directory nor a .tar, .tar.gz or .tar.zst archive"
         )
     raise StagingError(f"staging source {src} is not a directory; pass --data DIR holding the dataset")
+
+
+def _say_if_evidence_is_weak(src: Path, manifest: Manifest, trusted: bool) -> None:
+    """One warning when SRC's files cannot prove themselves unchanged by size, timestamps and
+    inode (`origin.weak_evidence`, judged on the archive or the first file): each copy then records
+    no identity (`origin.recorded_identity`), so a restage decides on content."""
+    first = src / manifest.files[0].path if src.is_dir() and manifest.files else src
+    try:
+        why = weak_evidence(os.stat(first))
+    except OSError:
+        return  # staging names what is wrong with it
+    if why is None:
+        return
+    then = (
+        "a restage keeps a copy only when it still has the manifest's checksum"
+        if trusted
+        else "a restage copies every file again (write a manifest with `mlhpc manifest SRC` to keep "
+        "copies that still have its checksums)"
+    )
+    log.warning(
+        "staging source %s: %s, so a file changed there can keep its size, timestamps and inode; %s",
+        src,
+        why,
+        then,
+    )
 
 
 def refuse_linked_folders(src: Path, manifest: Manifest) -> None:
