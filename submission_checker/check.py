@@ -13,7 +13,7 @@ from mlhpc.common.layout import required_run_count
 
 from .claims import check_logs_against_system, check_scale_claim
 from .compliance import DEFAULT_RULESET, LogAnalysis, analyse_logs, known_rulesets, refusal, validate_ruleset
-from .energy import POWER_DIR, entry_energy
+from .energy import POWER_DIR, entry_energy, system_nodes
 from .findings import RULE_SYMLINK, Finding
 from .layout_checks import (
     EntryDir,
@@ -173,7 +173,13 @@ def score_entry(
     energy, energy_findings = (
         (None, [])
         if link_out(entry.path / POWER_DIR, root) is not None
-        else entry_energy(entry.path, [run_timing(a) for a in files], entry.scaling, factor)
+        else entry_energy(
+            entry.path,
+            [run_timing(a) for a in files],
+            entry.scaling,
+            factor,
+            system_nodes(system.fields),
+        )
     )
     return EntryReport(
         submitter=entry.submitter,

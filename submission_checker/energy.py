@@ -31,8 +31,16 @@ J_PER_KWH = 3.6e6
 FIX = "write power/result_<i>/node_<n>.txt as the MLPerf power logging does (mllog power keys)"
 
 
-# A node drawing a megawatt, or a conversion efficiency above 1, is a damaged or forged log.
+# A switch estimate of a megawatt, or a conversion efficiency above 1, is a damaged or forged log.
 MAX_WATTS = 1e6
+MIN_NODE_WATTS = 1.0
+"""A powered node draws more: its BMC and fans alone take watts (a training node, hundreds)."""
+MAX_NODE_WATTS = 20e3
+"""One node's reading: NVIDIA's DGX B200, the largest node class in MLPerf rounds so far, is
+specified at 14.3 kW maximum (DGX H100: 10.2 kW); 20 kW leaves headroom and no single node."""
+MIN_CONVERSION_EFF = 0.5
+"""80 PLUS, the lowest power-supply certification, asks 0.80 at 20-100 % load; 0.5 leaves room
+for a whole chain (UPS, PDU, supply) and still refuses an efficiency that multiplies energy away."""
 MAX_POWER_TIME_MS = 1e13
 """As the result logs' time_ms: milliseconds since 1970, before the year 2286."""
 
@@ -88,22 +96,37 @@ def _impossible(record: PowerRecord, message: str) -> EnergyError:
     return EnergyError(message, record.line, impossible=True)
 
 
-def check_possible(records: Sequence[PowerRecord]) -> None:
+def _check_watts(r: PowerRecord, kind: str) -> None:
+    watts = _number(r)
+    low, high = (MIN_NODE_WATTS, MAX_NODE_WATTS) if kind == "node" else (0.0, MAX_WATTS)
+    if not low <= watts <= high:
+        unit = "a node" if kind == "node" else "an interconnect estimate"
+        raise _impossible(r, f"{r.key} of {watts!r} W is outside {low:g}..{high:g} W, which {unit} draws")
+
+
+def check_possible(records: Sequence[PowerRecord], kind: str = "node") -> None:
     """EnergyError (impossible=True) naming the first line no measurement gives: a time that is not
-    finite, negative or past 2286, negative or megawatt power, an efficiency outside (0, 1], a
-    stop before its start."""
+    finite, negative or past 2286, power outside what one node draws (MIN/MAX_NODE_WATTS; for a
+    switch log 0..MAX_WATTS), an efficiency outside MIN_CONVERSION_EFF..1, a second
+    power_measurement_start or stop (a log holds one measurement), a stop before its start."""
     start: PowerRecord | None = None
+    stop: PowerRecord | None = None
     for r in records:
         if not math.isfinite(r.time_ms) or not 0 <= r.time_ms <= MAX_POWER_TIME_MS:
             raise _impossible(r, f"{r.key} at time_ms={r.time_ms!r}, which no clock gives")
         if r.key in ("power_reading", "interconnect_power_est"):
-            watts = _number(r)
-            if not 0 <= watts <= MAX_WATTS:
-                raise _impossible(r, f"{r.key} of {watts!r} W is {'negative' if watts < 0 else 'absurd'}")
-        if r.key == "conversion_eff" and not 0 < _number(r) <= 1:
-            raise _impossible(r, f"conversion_eff={r.value!r} is not an efficiency in (0, 1]")
-        if r.key == "power_measurement_start" and start is None:
-            start = r
+            _check_watts(r, kind)
+        if r.key == "conversion_eff" and not MIN_CONVERSION_EFF <= _number(r) <= 1:
+            raise _impossible(
+                r, f"conversion_eff={r.value!r} is not an efficiency in {MIN_CONVERSION_EFF:g}..1"
+            )
+        if r.key in ("power_measurement_start", "power_measurement_stop"):
+            first = start if r.key == "power_measurement_start" else stop
+            if first is not None:
+                raise _impossible(
+                    r, f"a second {r.key} (the first on line {first.line}): one measurement a log"
+                )
+            start, stop = (r, stop) if r.key == "power_measurement_start" else (start, r)
         if r.key == "power_measurement_stop" and start is not None and r.time_ms < start.time_ms:
             raise _impossible(
                 r, f"power_measurement_stop is before power_measurement_start (line {start.line})"
@@ -171,10 +194,19 @@ def _energy_finding(path: Path, e: EnergyError) -> Finding:
     return warning(path, RULE_ENERGY, f"no energy: {e}", e.line, fix=FIX)
 
 
+def system_nodes(fields: dict[str, Any] | None) -> int | None:
+    """number_of_nodes of a systems JSON as a positive int, or None when it says none."""
+    value = None if fields is None else fields.get("number_of_nodes")
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value.strip()) if len(value.strip()) < 10 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def run_energy_j(
-    entry_path: Path, result_file: str, time_to_train_ms: float
+    entry_path: Path, result_file: str, time_to_train_ms: float, system_node_count: int | None = None
 ) -> tuple[float | None, list[Finding]]:
-    """Energy of one run (all its node and switch logs), or None with the finding that says why."""
+    """Energy of one run (all its node and switch logs), or None with the finding that says why;
+    more node logs than the system's `system_node_count` is an error (a node twice, or forged)."""
     name = Path(result_file).name.split(".")[0]
     folder = entry_path / POWER_DIR / name
     why = safe_read.link_out(folder, entry_path)
@@ -189,11 +221,18 @@ def run_energy_j(
     ]
     if not nodes:
         return None, [*findings, warning(folder, RULE_ENERGY, f"no node_*.txt power log for {name}", fix=FIX)]
+    if system_node_count is not None and len(nodes) > system_node_count:
+        message = (
+            f"{len(nodes)} node power logs for {name}, but the system has {system_node_count} nodes "
+            "(systems JSON number_of_nodes); the run's energy is not scored"
+        )
+        fix = "keep one node_<n>.txt per node the run used"
+        return None, [*findings, error(folder, RULE_IMPOSSIBLE, message, fix=fix)]
     total = 0.0
     for path, kind in [*((p, "node") for p in nodes), *((p, "sw") for p in switches)]:
         try:
             records = read_power_log(path)
-            check_possible(records)
+            check_possible(records, kind)
             energy = node_energy_j if kind == "node" else sw_energy_j
             total += _possible_energy(energy(records, time_to_train_ms), kind)
         except EnergyError as e:
@@ -217,9 +256,14 @@ class EntryEnergy:
 
 
 def entry_energy(
-    entry_path: Path, runs: Sequence[RunTiming], scaling: str, factor: float
+    entry_path: Path,
+    runs: Sequence[RunTiming],
+    scaling: str,
+    factor: float,
+    system_node_count: int | None = None,
 ) -> tuple[EntryEnergy | None, list[Finding]]:
-    """None when the entry has no power/ folder (the summarizer then has no energy column)."""
+    """None when the entry has no power/ folder (the summarizer then has no energy column);
+    `system_node_count` (systems JSON number_of_nodes) bounds each run's node logs."""
     if not (entry_path / POWER_DIR).is_dir():
         return None, []
     findings: list[Finding] = []
@@ -228,7 +272,7 @@ def entry_energy(
     counted = [r for r in runs if r.counts and r.run_start_ms is not None and r.run_stop_ms is not None]
     for run in counted:
         ttt_ms = run.run_stop_ms - run.run_start_ms  # type: ignore[operator]
-        energy, problems = run_energy_j(entry_path, run.file, ttt_ms)
+        energy, problems = run_energy_j(entry_path, run.file, ttt_ms, system_node_count)
         findings += problems
         if energy is None:
             return EntryEnergy(None), findings
