@@ -43,6 +43,7 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
     ctx = _context(opts.device, opts.instances)
     model_ctx = _model_context(ctx, opts.instances)
     cfg.loop.local_batch_size(model_ctx.world_size)
+    resolved.check_batch(model_ctx.world_size)  # as the run refuses it, before anything is written
     resolved.check_model(opts.config)
     scaling = "weak" if opts.instances > 1 else "strong"
     request = campaign_request(opts, resolved, scaling, stable_system_name(ctx))
@@ -96,7 +97,7 @@ def _print_what_runs(
 ) -> None:
     """What will train, then the plan, then the summary line (a site's script reads the last)."""
     loop = cfg.loop
-    data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)  # may refuse: before the write
+    data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)
     view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
     print(training_text(view))
     if json_where is not None:
@@ -116,11 +117,16 @@ def _print_what_runs(
 
 
 def _generated(opts: RunOptions, benchmark: str, cfg: object, data_dir: Path) -> str:
-    """How big the synthetic dataset of a run without --data is and where it goes (refused as the
-    run would refuse it: generation.check_size)."""
+    """How big the synthetic dataset of a run without --data is and where it goes. A dataset that
+    would not fit, or is over the size asked for, is said, not refused: the dry run touches no
+    data, and a login node views a full config that its real run reads from --data."""
+    from mlhpc.common.errors import DataError
     from mlhpc.generation import planned_data_text, run_size_check
 
-    return planned_data_text(data_dir, run_size_check(benchmark, cfg, opts.config, opts.allow_size))
+    try:
+        return planned_data_text(data_dir, run_size_check(benchmark, cfg, opts.config, opts.allow_size))
+    except DataError as e:
+        return f"none given; a run without --data here would refuse: {e}"
 
 
 def _context(device: str, instances: int) -> DistContext:

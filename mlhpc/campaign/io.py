@@ -182,6 +182,22 @@ class ResolvedConfig:
 
         return registry.get(self.info.name)
 
+    def check_batch(self, ranks: int) -> None:
+        """An epoch of the config's training samples holds at least one optimizer step on `ranks`
+        ranks (each rank's share, whole micro-batches, whole accumulation cycles, as the loop
+        counts them): a batch larger than the data is refused before anything is recorded."""
+        loop = self.cfg.loop
+        samples = getattr(getattr(self.cfg, "data", None), "num_train_samples", None)
+        if not isinstance(samples, int) or isinstance(samples, bool):
+            return  # an epoch is what the data holds: the loader says it
+        step = loop.local_batch_size(ranks) * loop.gradient_accumulation_steps
+        if samples // ranks < step:
+            raise ConfigError(
+                f"loop.global_batch_size={loop.global_batch_size} is more than data.num_train_samples="
+                f"{samples} on {ranks} rank(s): an epoch would hold no step; pick a batch of at most "
+                f"{samples // ranks * ranks} samples, or more data.num_train_samples"
+            )
+
     def check_model(self, config: str) -> None:
         """Build the model on torch's meta device (no memory, no data, well under a second): sizes
         that cannot make a model are refused before the campaign file records them."""

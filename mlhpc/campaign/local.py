@@ -52,10 +52,10 @@ class CampaignResult:
     check_status: int | None = None
 
 
-def plan_and_record(request: CampaignRequest, claims: ExitStack, opts: RunOptions) -> CampaignPlan:
+def plan_and_claim(request: CampaignRequest, claims: ExitStack, opts: RunOptions) -> CampaignPlan:
     """Plan the campaign, check `opts` under its ruleset, take the run lock of each index it runs
-    (into `claims`), clear those indices' half-written logs and write the campaign file. The
-    caller holds --out's lock."""
+    (into `claims`) and clear those indices' half-written logs; nothing is recorded yet (see
+    `record`). The caller holds --out's lock."""
     plan = plan_out(request)
     check_planned(opts, plan.settings.ruleset)  # the ruleset may be the campaign file's
     for index in plan.to_run:
@@ -66,11 +66,18 @@ def plan_and_record(request: CampaignRequest, claims: ExitStack, opts: RunOption
         for leftover in plan.results_dir.glob(f".result_{index}.txt.*.tmp"):
             if stat.S_ISREG(leftover.lstat().st_mode):  # a folder or a link of that name is not a log of ours
                 leftover.unlink(missing_ok=True)
+    return plan
+
+
+def record(plan: CampaignPlan, cfg: Any, opts: RunOptions, ctx: DistContext) -> None:
+    """Once the data, config and environment checks have passed: the campaign file, the system
+    description and the implementation folder. A run refused before this point leaves no
+    campaign.json, so the corrected command needs no --resume."""
     record_plan(plan)
     s = plan.settings
     fields = {"submitter": s.submitter, "division": s.division, "status": s.status, "system_name": s.system}
     merge_system_json(system_json_path(plan.submitter_dir, plan.system), fields)
-    return plan
+    write_submission_files(plan, cfg, opts, ctx)
 
 
 def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
@@ -82,19 +89,31 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     group = ctx.split(opts.instances) if weak else ctx
     resolved.cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
+    resolved.check_batch(group.world_size)
     resolved.check_model(opts.config)  # before the campaign file records these sizes
     request = campaign_request(opts, resolved, "weak" if weak else "strong", stable_system_name(ctx))
+    # Before --out is locked (which makes it): a refused plan or --data leaves --out as it was.
+    on_main(ctx, lambda: check_before_lock(request, opts, resolved))
     what = f"mlhpc run {resolved.info.name}{' --resume' if opts.resume else ''}"
     with ExitStack() as claims:
         if opts.index is None:  # --out stays locked for the whole campaign
             claims.enter_context(holding_out(ctx, Path(opts.out), what))
-            plan = on_main(ctx, lambda: plan_and_record(request, claims, opts))
+            plan = on_main(ctx, lambda: plan_and_claim(request, claims, opts))
             data_dir = _prepare(opts, ctx, resolved, plan)
         else:  # one index: --out locked only to plan and prepare, so Slurm tasks run side by side
             with holding_out(ctx, Path(opts.out), f"{what} --index {opts.index}", wait_s=INDEX_WAIT_S):
-                plan = on_main(ctx, lambda: plan_and_record(request, claims, opts))
+                plan = on_main(ctx, lambda: plan_and_claim(request, claims, opts))
                 data_dir = _prepare(opts, ctx, resolved, plan)
         return _train(opts, ctx, resolved, group, plan, data_dir)
+
+
+def check_before_lock(request: CampaignRequest, opts: RunOptions, resolved: ResolvedConfig) -> None:
+    """What --out holds now planned (a refusal here is the one the locked plan would make) and a
+    given --data checked against the config: refusals that must not leave a lock file, a folder
+    or a campaign file behind. The plan is made again under the lock."""
+    plan_out(request)
+    if opts.data is not None:
+        resolved.benchmark.validate_dataset(resolved.cfg, opts.data)
 
 
 INDEX_WAIT_S = 600
@@ -112,11 +131,12 @@ def _prepare(opts: RunOptions, ctx: DistContext, resolved: ResolvedConfig, plan:
         plan.data if not plan.generated_data else ensure_synthetic_data(bench, cfg, plan.data, ctx, size)
     )
 
-    def validate_and_describe() -> None:
-        bench.validate_dataset(cfg, data_dir)
-        write_submission_files(plan, cfg, opts, ctx)
+    def validate_and_record() -> None:
+        if plan.generated_data:  # a given --data was checked before the lock (check_before_lock)
+            bench.validate_dataset(cfg, data_dir)
+        record(plan, cfg, opts, ctx)
 
-    on_main(ctx, validate_and_describe)
+    on_main(ctx, validate_and_record)
     return data_dir
 
 

@@ -226,7 +226,8 @@ def _run(args: argparse.Namespace) -> int:
     check_options(opts)
     if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
         check_run_environment(opts, device=not args.dry_run)
-    refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
+    if not args.dry_run:  # a dry run touches no data: it says what the size check would refuse
+        refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
