@@ -57,7 +57,14 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
 
 class VelocitySGD(torch.optim.SGD):
     """SGD with the LR inside the velocity: v = m v + lr (g + wd w); p -= v. Keras' and MXNet's SGD
-    and NVIDIA's CosmoFlow FixedSGD update this way; torch's SGD puts lr outside (p -= lr v)."""
+    and NVIDIA's CosmoFlow FixedSGD update this way; torch's SGD puts lr outside (p -= lr v).
+    `foreach` (the default) updates a group's tensors in a few multi-tensor kernels instead of a few
+    per tensor; the same operations in the same order, so the same bits as the per-tensor loop
+    (tests/test_gpu_suite_optim.py)."""
+
+    def __init__(self, params: Any, *, foreach: bool = True, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.multi_tensor = foreach
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
@@ -66,17 +73,37 @@ class VelocitySGD(torch.optim.SGD):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad if decay == 0 else p.grad.add(p, alpha=decay)
+            params = [p for p in group["params"] if p.grad is not None]
+            velocities = []
+            for p in params:
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
-                velocity = state["momentum_buffer"].mul_(momentum).add_(grad, alpha=lr)
-                p.sub_(velocity)
+                velocities.append(state["momentum_buffer"])
+            update = _update_foreach if self.multi_tensor else _update_per_tensor
+            if params:
+                update(params, velocities, group["lr"], group["momentum"], group["weight_decay"])
         return loss
+
+
+def _update_per_tensor(
+    params: list[Any], velocities: list[Any], lr: float, momentum: float, decay: float
+) -> None:
+    for p, velocity in zip(params, velocities, strict=True):
+        grad = p.grad if decay == 0 else p.grad.add(p, alpha=decay)
+        velocity.mul_(momentum).add_(grad, alpha=lr)
+        p.sub_(velocity)
+
+
+def _update_foreach(
+    params: list[Any], velocities: list[Any], lr: float, momentum: float, decay: float
+) -> None:
+    grads = [p.grad for p in params]
+    if decay != 0:
+        grads = torch._foreach_add(grads, params, alpha=decay)
+    torch._foreach_mul_(velocities, momentum)
+    torch._foreach_add_(velocities, grads, alpha=lr)
+    torch._foreach_sub_(params, velocities)
 
 
 def build_optimizer(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -43,12 +44,20 @@ def build_optimizer(
             grad_averaging=True,
             max_grad_norm=opt.max_grad_norm,
             **common,
+            **lamb_multi_tensor(Lamb),
         )
     elif opt.name == "AdamW":
         optimizer = torch.optim.AdamW(model.parameters(), **common)
     else:
         optimizer = torch.optim.Adam(model.parameters(), **common)
     return optimizer, build_lr_scheduler(optimizer, schedule(cfg))
+
+
+def lamb_multi_tensor(lamb: type) -> dict[str, Any]:
+    """timm's Lamb steps all tensors of a group in multi-tensor (`_foreach_*`) kernels where it has
+    that path (timm >= 1.0.20's `foreach`): on CUDA only, timm's default, because on the CPU the
+    two paths round differently (tests/test_gpu_suite_optim.py). An older timm steps per tensor."""
+    return {"foreach": None} if "foreach" in inspect.signature(lamb.__init__).parameters else {}
 
 
 def compute_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
