@@ -100,11 +100,13 @@ if ! $PY -c "import importlib.util as u; u.find_spec('mlhpc.common.loop') or exi
     install_project || exit 1
 fi
 preflight="
-import importlib, sys
+import importlib.util, sys
 try:
     import mlhpc, mlhpc.common.loop, mlhpc.benchmarks, mlperf_logging
 except Exception as e:
-    sys.exit(f'gpu_suite: mlhpc does not import: {type(e).__name__}: {e} (a missing wheel goes in .whl/: perf/gpu_wheels.sh)')
+    spec = importlib.util.find_spec('mlhpc')
+    sys.exit(f'mlhpc does not import: {type(e).__name__}: {e} (mlhpc found at {spec.origin if spec else None}; '
+             'a missing wheel goes in .whl/: perf/gpu_wheels.sh)')
 import torch, torchvision
 print('mlhpc from', mlhpc.__file__)
 print(f'torch {torch.__version__}, torchvision {torchvision.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}')
@@ -112,7 +114,7 @@ print('python', sys.version.split()[0])
 dali = importlib.util.find_spec('nvidia') and importlib.util.find_spec('nvidia.dali')
 print('DALI:', 'installed (loader auto picks it on a GPU)' if dali else 'not installed: the mini run reads with torch DataLoader')
 if '$smoke' != '1' and not torch.cuda.is_available():
-    sys.exit('gpu_suite: no GPU visible to torch (torch.cuda.is_available() is False); run it on the GPU machine, or GPU_SUITE_SMOKE=1 on a CPU')
+    sys.exit('no GPU visible to torch (torch.cuda.is_available() is False); run it on the GPU machine, or GPU_SUITE_SMOKE=1 on a CPU')
 if torch.cuda.is_available():
     print('GPU:', torch.cuda.get_device_name(0))
 try:  # the energy counters, probed once: the mini run gets --power only where they read
