@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from mlhpc.common.errors import ConfigError, MlhpcError, TrainingError
 from mlhpc.common.launch import LaunchInfo, NodeLayout, detect_launch, node_layout, uniform_layout
-from mlhpc.common.liveness import Heartbeat, Silence
+from mlhpc.common.liveness import Heartbeat, Silence, host_store
 from mlhpc.common.threads import ThreadChoice, configure_threads
 
 Backend = Literal["auto", "gloo", "nccl", "horovod"]
@@ -240,7 +240,7 @@ def init_distributed(
         return context
     if not dist.is_initialized():
         addr, port = _rendezvous(launch)
-        join_group(chosen, addr, port, launch.rank, launch.world_size)
+        join_group(chosen, addr, port, launch.rank, launch.world_size, launch.local_world_size)
     context.layout = gather_node_layout(launch.rank)
     context.node_group, context.num_nodes = _node_group(context.layout), context.layout.num_nodes
     context.threads = configure_threads(ranks_on_node=context.layout.local_size)
@@ -271,14 +271,19 @@ _heartbeat: Heartbeat | None = None
 """This process's heartbeat in its job's store (common/liveness), while it is in a group."""
 
 
-def join_group(backend: str, addr: str, port: int, rank: int, world_size: int) -> None:
+def join_group(
+    backend: str, addr: str, port: int, rank: int, world_size: int, local_world_size: int | None = None
+) -> None:
     """Initialise the default process group through a TCP store at addr:port (rank 0 hosts it,
     unless torchrun's agent already does), with `collective_timeout()` on every collective, and
     start this rank's heartbeat so that a failed collective can name the node it lost."""
     global _heartbeat
     timeout = collective_timeout()
     url = f"tcp://{addr}:{port}?rank={rank}&world_size={world_size}"
-    store, _, _ = next(dist.rendezvous(url, timeout=RENDEZVOUS_TIMEOUT))
+    if rank == 0 and not _agent_store(addr, port):  # listening on the ranks' interface only
+        store = host_store(addr, port, world_size, RENDEZVOUS_TIMEOUT, local_world_size)
+    else:
+        store, _, _ = next(dist.rendezvous(url, timeout=RENDEZVOUS_TIMEOUT))
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
         _heartbeat = Heartbeat(store, rank, hosts_store=rank == 0 and not _agent_store(addr, port))

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from mlhpc.common.errors import ConfigError
+from mlhpc.common.printable import shown
 
 T = TypeVar("T")
 
@@ -173,3 +178,65 @@ def _store_host(store: Any) -> str:
         return str(store.host)
     except Exception:
         return "the rendezvous host"
+
+
+def bind_address(addr: str, world_size: int, local_world_size: int | None) -> str:
+    """The one address the job's store listens on: MASTER_ADDR as it resolves here, the interface
+    the ranks connect to (a non-loopback one first), never every interface, so that a third
+    process on another network cannot write a rank's name or beats. A name that resolves here
+    only to loopback is refused when ranks may run on other nodes (they could not reach it)."""
+    try:
+        found = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError) as e:  # ValueError: a NUL in the name
+        raise ConfigError(
+            f"MASTER_ADDR={shown(addr)} does not resolve here ({e}); set it to rank 0's address"
+        ) from None
+    addresses = [str(info[4][0]) for info in found]
+    if not addresses:
+        raise ConfigError(f"MASTER_ADDR={shown(addr)} does not resolve here; set it to rank 0's address")
+    outward = [a for a in addresses if not ipaddress.ip_address(a.split("%")[0]).is_loopback]
+    if outward:
+        return outward[0]
+    if not _is_loopback_literal(addr) and (local_world_size is None or local_world_size < world_size):
+        raise ConfigError(
+            f"MASTER_ADDR={shown(addr)} resolves here only to {addresses[0]} (loopback), which ranks on "
+            "other nodes cannot reach; set MASTER_ADDR to rank 0's address on the ranks' network"
+        )
+    return addresses[0]
+
+
+def _is_loopback_literal(addr: str) -> bool:
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def host_store(
+    addr: str, port: int, world_size: int, timeout: datetime.timedelta, local_world_size: int | None = None
+) -> Any:
+    """Rank 0's TCP store for the job, listening on `bind_address` only (torch's own listens on
+    every interface): the socket is bound here and handed to the store, which owns it after."""
+    import torch.distributed as dist
+
+    where = bind_address(addr, world_size, local_world_size)
+    family = socket.AF_INET6 if ":" in where else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((where, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(
+            f"the job's store cannot listen on {where}:{port} ({e.strerror or e}); pick another MASTER_PORT"
+        ) from None
+    fd = sock.detach()
+    try:
+        return dist.TCPStore(where, port, world_size, True, timeout=timeout, master_listen_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise

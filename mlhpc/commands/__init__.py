@@ -11,6 +11,7 @@ import re
 from typing import Any, NoReturn
 
 from mlhpc.common.errors import ConfigError
+from mlhpc.common.printable import shown
 from mlhpc.common.vocabulary import RULESETS as RULESETS  # the choices for --ruleset
 
 
@@ -89,8 +90,10 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        # argparse quotes the user's words (unrecognized arguments, a bad choice): shown as data,
+        # so an escape code or a bidi mark prints as text, not as an instruction to the terminal
         line = f"{self.prog}: {message}; {self.fix_for(message)}"
-        self.exit(2, f"mlhpc: error: {' '.join(line.split())}\n")
+        self.exit(2, f"mlhpc: error: {shown(' '.join(line.split()))}\n")
 
     def fix_for(self, message: str) -> str:
         """What to do about argparse's `message`, ending with where the whole story is."""
@@ -99,7 +102,10 @@ class OneLineParser(argparse.ArgumentParser):
             example = self.first_example()
             return f"e.g. {example} ({more})" if example else more
         if message.startswith("unrecognized arguments"):
-            word = message.split(":", 1)[1].split()[0]
+            words = message.split(":", 1)[1].split()
+            if not words:  # an empty argument ('')
+                return more
+            word = words[0]
             close = difflib.get_close_matches(word.split("=")[0], self.option_words(), n=1, cutoff=0.75)
             if close:
                 return f"did you mean {close[0]}? ({more})"
