@@ -43,6 +43,13 @@ def test_dry_run_json_without_data_or_space(
     lrs = view["lr_per_epoch"]
     assert view["benchmark"] == benchmark and lrs is not None
     assert len(lrs) == view["config"]["loop"]["max_epochs"] and all(lr >= 0 for lr in lrs)
+    estimate = view["epoch_minutes_estimate"]
+    if benchmark != "extreme_weather":  # docs/DATASETS.md has published throughput for the two
+        samples = view["config"]["data"]["num_train_samples"]
+        assert estimate["A100"] == pytest.approx(
+            samples / (1 * {"cosmoflow": 90.7, "deepcam": 21.3}[benchmark]) / 60
+        )
+        assert "time per epoch, estimated" in text.out
     # What the size check would refuse is said, not refused; and nothing went into --out.
     assert "a run without --data here would refuse" in text.out and "free" in text.out
     assert not out.exists()

@@ -99,7 +99,10 @@ def _print_what_runs(
     loop = cfg.loop
     data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)
     view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
+    view["epoch_minutes_estimate"] = epoch_minutes(bench.name, cfg, model_ctx.world_size)
     print(training_text(view))
+    if view["epoch_minutes_estimate"]:
+        print(estimate_line(view["epoch_minutes_estimate"], cfg, model_ctx.world_size))
     if json_where is not None:
         write_json(view, json_where)
         print(f"wrote {shown(json_where)}")
@@ -113,6 +116,31 @@ def _print_what_runs(
         f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
         f"{resolve_memory_format(loop, bench, device)}, staging {opts.staging} run_start; "
         f"data {data_text}. Nothing was trained, staged or written{written}."
+    )
+
+
+PUBLISHED_SAMPLES_PER_S = {
+    "cosmoflow": {"A100": 90.7, "H100": 200.0},
+    "deepcam": {"A100": 21.3, "H100": 30.0},
+}
+"""Samples/s per accelerator in the published logs (docs/DATASETS.md, median of tracked_stats)."""
+
+
+def epoch_minutes(benchmark: str, cfg: Any, ranks: int) -> dict[str, float] | None:
+    """docs/DATASETS.md's formula for one epoch: training samples / (accelerators x published
+    samples/s per accelerator) / 60, one figure per accelerator; None where no figure is known."""
+    rates = PUBLISHED_SAMPLES_PER_S.get(benchmark)
+    samples = getattr(getattr(cfg, "data", None), "num_train_samples", None)
+    if rates is None or not isinstance(samples, int) or isinstance(samples, bool):
+        return None
+    return {gpu: samples / (ranks * rate) / 60 for gpu, rate in rates.items()}
+
+
+def estimate_line(minutes: dict[str, float], cfg: Any, ranks: int) -> str:
+    figures = ", ".join(f"{value:.3g} min on {gpu}" for gpu, value in minutes.items())
+    return (
+        f"time per epoch, estimated ({cfg.data.num_train_samples:,} samples on {ranks} accelerator(s) at "
+        f"the published samples/s, docs/DATASETS.md): {figures}"
     )
 
 

@@ -177,7 +177,9 @@ def _dry_run_options(group: argparse._ArgumentGroup) -> None:
         "--dry-run",
         action="store_true",
         help="check the config (and --data) and print the MLLOG events up to init_stop and what will "
-        "train, build nothing; with --slurm: print the job graph, submit nothing",
+        "train, build nothing; no --data and no free space needed (it says what a run without --data "
+        "would refuse); exit 0: the real run would start, 2: it would refuse (the line says why); "
+        "with --slurm: print the job graph, submit nothing",
     )
     group.add_argument(
         "--json",
