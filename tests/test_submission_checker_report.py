@@ -92,7 +92,7 @@ def test_command_refuses_to_write_into_the_submission(
     shutil.copytree(V2, org)
     before = digest(org)
     assert check_command(org, report_dir=org / "report") == 2
-    assert "inside the checked folder" in capsys.readouterr().err
+    assert "is inside the input" in capsys.readouterr().err  # the one output guard (writable.py)
     assert digest(org) == before
 
 
