@@ -30,6 +30,7 @@ from mlhpc.common.mllogger import MLLog, constants
 from mlhpc.common.progress import SILENT, Progress, staging_line
 from mlhpc.common.registry import Benchmark
 from mlhpc.common.seeding import seed_everything
+from mlhpc.common.termination import worker_death_is_one_error
 from mlhpc.common.timing import Breakdown, PhaseTimer
 from mlhpc.common.vocabulary import Division, Status
 
@@ -112,7 +113,8 @@ def train_to_target(
         ctx.barrier()
 
     run_started = time.perf_counter()
-    with run_events.run(log) as run_stop:
+    # A worker the OOM killer took is one error (the CLI's resume line), not torch's RuntimeError.
+    with worker_death_is_one_error(), run_events.run(log) as run_stop:
         staged = staged or _stage(stage, log, timer, progress)
         training = _setup(bench, cfg, ctx, log, timer, model, staged, seed=seed, memory_format=memory_format)
         epochs = _train_epochs(training, log, progress, run_started)

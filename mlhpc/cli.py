@@ -29,7 +29,15 @@ from mlhpc.commands import (
 from mlhpc.common.debug_log import configure_console
 from mlhpc.common.errors import MlhpcError
 from mlhpc.common.printable import shown
-from mlhpc.common.termination import Terminated, sigterm_raises
+from mlhpc.common.termination import (
+    WORKER_KILLED_EXIT,
+    Terminated,
+    WorkerKilled,
+    ignore_further_stops,
+    is_worker_death,
+    sigterm_raises,
+    worker_death_line,
+)
 
 # Every subcommand, in `mlhpc --help`'s order. Each module's add_parser(sub, command) adds its
 # options (the heavy ones only when `command` is it) and sets handler=_<name>.
@@ -64,25 +72,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with sigterm_raises():
             return int(args.handler(args) or 0)
+    except WorkerKilled as e:  # the campaign can go on: the resume line, and its own exit code
+        return _worker_killed(str(e), args)
     except MlhpcError as e:
         if debug:
             raise
         return _error(str(e) or type(e).__name__)
-    except Terminated:
-        print(stopped_line("terminated", args), file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except Terminated as e:  # SIGTERM or SIGHUP
+        ignore_further_stops()  # this process is ending: a second stop must not print a traceback
+        print(stopped_line(e.word, args), file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
+        ignore_further_stops()
         print(stopped_line("interrupted", args), file=sys.stderr)
         return 128 + signal.SIGINT
+    except RuntimeError as e:  # torch's SIGCHLD handler may report a dead worker outside the loop
+        if debug or not is_worker_death(e):
+            raise
+        return _worker_killed(worker_death_line(e), args)
     except OSError as e:  # the last resort: whatever path a step could not read or write
         if debug:
             raise
+        if is_worker_death(e):  # a connection reset in a dead worker's shared-memory handover
+            return _worker_killed(worker_death_line(e), args)
         where = f"{e.filename}: " if e.filename is not None else ""
         return _error(f"{where}{e.strerror or e}; check that path (permissions, free space)")
 
 
-def stopped_line(how: str, args: argparse.Namespace) -> str:
-    """`mlhpc: interrupted`, and for a run the exact command that finishes it (one line)."""
+def _worker_killed(line: str, args: argparse.Namespace) -> int:
+    ignore_further_stops()  # the process is ending, as after a stop
+    print(stopped_line(line, args, error=True), file=sys.stderr)
+    return WORKER_KILLED_EXIT
+
+
+def stopped_line(how: str, args: argparse.Namespace, *, error: bool = False) -> str:
+    """`mlhpc: interrupted`, and for a run the exact command that finishes it (one line);
+    `error`: `mlhpc: error: ...`, `how` passed through `shown` (it may quote torch or a name)."""
+    if error:
+        how = "error: " + shown(" ".join(how.split()))
     if getattr(args, "command", None) != "run":
         return f"mlhpc: {how}"
     command = run.resume_command(args, _program())

@@ -1,8 +1,10 @@
-"""Which node-local directory staging writes to, and removing the staging folders that killed runs
-left there."""
+"""Which node-local directory staging writes to, claiming a folder there with an owner marker, and
+removing such folders (a run's own at its end, those killed runs left) so that no signal can
+leave one behind that a later run cannot prove is ours."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,6 +20,7 @@ from mlhpc.common import safe_json
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.printable import shown
 from mlhpc.common.safe_read import read_bytes_stat
+from mlhpc.common.termination import signals_held
 
 LOCAL_DIR_VARIABLE = "MLHPC_LOCAL_DIR"
 # Node-local scratch that schedulers and sites export, in order of preference.
@@ -50,10 +53,15 @@ PID_MAX = 2**22
 """Linux's PID_MAX_LIMIT: no process has a larger pid."""
 
 
+TRASH_SUFFIX = ".trash"
+"""A claimed folder being removed is first renamed `<name>.trash`: one atomic step that says "its
+owner is done with it", so that a later run finishes the removal even if its pid lives on."""
+
+
 def claim_stage_dir(folder: Path, out: str | os.PathLike[str]) -> None:
     """Make `folder` and write its owner (user, host, boot, pid, the pid's start, --out) into it
     before anything else, so that after a SIGKILL the next run can prove the folder is mlhpc's
-    and its owner gone."""
+    and its owner gone. `mlhpc stage-bench` claims its folders the same way."""
     folder.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
     owner = {
@@ -69,33 +77,91 @@ def claim_stage_dir(folder: Path, out: str | os.PathLike[str]) -> None:
     atomic_write_text(folder / STAGE_OWNER, json.dumps(owner) + "\n")
 
 
-def remove_stale_stage_dirs(root: Path) -> list[Path]:
-    """Remove the `mlhpc-stage-*` folders under `root` that killed runs left: only this user's
-    folders (not links) holding this user's owner marker, written on this host by a process that
-    is gone (not alive, or its pid now belongs to a newer process, or the node rebooted since).
-    The node-local folder is shared by every user of a node, so whatever cannot be proven ours
-    and stale is left alone: another user's, unmarked, from another host, of a live process, or
-    a marker mlhpc cannot read (a warning). Returns the folders removed."""
+def remove_claimed_dir(folder: Path) -> bool:
+    """Remove a folder that `claim_stage_dir` claimed, in steps no signal can leave unprovable:
+    renamed to `<name>.trash` beside it (atomic, with Ctrl-C, SIGTERM and SIGHUP held), then
+    emptied with the owner marker last. A second signal or a SIGKILL at any point leaves either
+    nothing or a folder still carrying its marker, which the next `remove_stale_stage_dirs`
+    finishes. True when the folder is gone."""
+    trash = folder if folder.name.endswith(TRASH_SUFFIX) else folder.with_name(folder.name + TRASH_SUFFIX)
+    if trash != folder:
+        with signals_held():
+            try:
+                os.rename(folder, trash)
+            except FileNotFoundError:
+                return True
+            except OSError:  # a busy mount point, a trash name taken: removed in place, marker last
+                trash = folder
+    return _remove_marker_last(trash)
+
+
+def _remove_marker_last(folder: Path) -> bool:
+    """Everything in `folder` but the owner marker, then (only if all of that went) the marker and
+    the folder: shutil.rmtree removes in listing order, the marker often first, and a signal
+    then left gigabytes no one could prove were ours."""
+    try:
+        entries = _entries_but_marker(folder)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+    try:
+        if _entries_but_marker(folder):
+            return False  # something could not go: the marker stays, to prove the rest is ours
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(folder / STAGE_OWNER)
+        os.rmdir(folder)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _entries_but_marker(folder: Path) -> list[os.DirEntry[str]]:
+    with os.scandir(folder) as listing:
+        return [entry for entry in listing if entry.name != STAGE_OWNER]
+
+
+def remove_stale_stage_dirs(root: Path, prefix: str = STAGE_PREFIX) -> list[Path]:
+    """Remove the `mlhpc-stage-*` (or `prefix`*) folders under `root` that killed runs left: only
+    this user's folders (not links) holding this user's owner marker, written on this host by a
+    process that is gone (not alive, or its pid now belongs to a newer process, or the node
+    rebooted since), or renamed to `*.trash` by an owner that was removing it. The node-local
+    folder is shared by every user of a node, so whatever cannot be proven ours and stale is left
+    alone: another user's, unmarked, from another host, of a live process, or a marker mlhpc
+    cannot read (a warning). Returns the folders removed."""
     removed: list[Path] = []
-    for folder in _stage_folders(Path(root)):
+    for folder in _stage_folders(Path(root), prefix):
+        trash = folder.name.endswith(TRASH_SUFFIX)
         owner = _read_owner(folder / STAGE_OWNER)
-        if owner is None or not _owner_gone(owner):
+        if owner is None:
+            if trash:  # the marker went last: an empty folder is all that can be left (rmdir only)
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
             continue
-        shutil.rmtree(folder, ignore_errors=True)
-        if not folder.exists():
+        if not (_owner_gone(owner) or (trash and owner["host"] == socket.gethostname())):
+            continue
+        if remove_claimed_dir(folder):
             removed.append(folder)
-            log.info("removed %s, left by pid %s (no longer running)", shown(folder), owner["pid"])
+            log.info("removed %s, left by pid %s", shown(folder), owner["pid"])
     return removed
 
 
-def _stage_folders(root: Path) -> list[Path]:
-    """The folders named `mlhpc-stage-*` directly under `root` that this user owns (no links)."""
+def _stage_folders(root: Path, prefix: str = STAGE_PREFIX) -> list[Path]:
+    """The folders named `prefix`* directly under `root` that this user owns (no links)."""
     found = []
     try:
         with os.scandir(root) as listing:
             for entry in listing:
                 try:
-                    if not entry.name.startswith(STAGE_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                    if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
                         continue
                     if entry.stat(follow_symlinks=False).st_uid == os.getuid():
                         found.append(Path(entry.path))

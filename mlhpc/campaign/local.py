@@ -5,7 +5,6 @@ Every rank runs this; rank 0 alone writes the submission directory.
 
 from __future__ import annotations
 
-import shutil
 import stat
 import time
 import uuid
@@ -35,7 +34,7 @@ from mlhpc.common.progress import SILENT, CampaignClock, Progress, seed_line
 from mlhpc.generation import SizeCheck, generate_dataset, run_size_check
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
 from mlhpc.staging import Communicator, StageRequest, comm_for, resolve_local_dir, stage_dataset
-from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_stale_stage_dirs
+from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_claimed_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import describe_system, merge_system_json, stable_system_name, write_system_json
 
 T = TypeVar("T")
@@ -287,7 +286,7 @@ class _SeedRunner:
         finally:
             ctx.node_barrier()
             if ctx.local_rank == 0:
-                shutil.rmtree(owned, ignore_errors=True)
+                remove_claimed_dir(owned)  # a second Ctrl-C leaves it marked, for the next run
         written = log.close()
         self._report(index, seed, result, written or path)
         return seed, result, written or path
