@@ -226,10 +226,12 @@ def _run(args: argparse.Namespace) -> int:
     # refuses what a seed job would, before anything is locked, launched, submitted or recorded.
     opts = from_args(args)
     check_options(opts)
+    # A dry run here touches no data: it says what the size check would refuse. A Slurm campaign
+    # generates in its data job: refused on the login node, before anything is queued.
+    if not args.dry_run or args.slurm:
+        refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
     if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
         check_run_environment(opts, device=not args.dry_run)
-    if not args.dry_run:  # a dry run touches no data: it says what the size check would refuse
-        refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
