@@ -74,3 +74,16 @@ def test_a_batch_larger_than_the_data_is_refused_before_anything_is_written(
     err = capsys.readouterr().err
     assert "loop.global_batch_size=2048 is more than data.num_train_samples=1024" in err, err
     assert err.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "verdict"), [([], "matches"), (["data.num_train_samples=64"], "DIFFERS")]
+)
+def test_the_dry_run_says_whether_data_matches_the_config(
+    tmp_path: Path, cosmo_data: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], verdict: str
+) -> None:
+    """cosmo_data holds 32 training samples; the closed division's CosmoFlow has 524,288."""
+    args = ["run", "cosmoflow", "--out", str(tmp_path / "out"), "--data", str(cosmo_data), "--dry-run"]
+    assert main([*args, "data.num_train_samples=32", "data.num_eval_samples=8", *overrides]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("--data "))
+    assert f"holds 32 training samples: {verdict}" in line and "closed division's dataset has 524,288" in line

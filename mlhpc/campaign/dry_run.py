@@ -98,6 +98,8 @@ def _print_what_runs(
     """What will train, then the plan, then the summary line (a site's script reads the last)."""
     loop = cfg.loop
     data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)
+    if opts.data is not None:
+        print(data_match_line(bench.name, cfg, opts.data))
     view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
     view["epoch_minutes_estimate"] = epoch_minutes(bench.name, cfg, model_ctx.world_size)
     print(training_text(view))
@@ -116,6 +118,40 @@ def _print_what_runs(
         f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
         f"{resolve_memory_format(loop, bench, device)}, staging {opts.staging} run_start; "
         f"data {data_text}. Nothing was trained, staged or written{written}."
+    )
+
+
+def training_samples_in(benchmark: str, cfg: Any, data: Path) -> int | None:
+    """How many training samples `data` holds, read as the benchmark's loader lists them; None
+    for a benchmark whose layout this does not know."""
+    if benchmark == "cosmoflow":
+        from mlhpc.benchmarks.cosmoflow.data import read_file_lists
+
+        return len(read_file_lists(Path(data) / "train"))
+    if benchmark == "deepcam":
+        from mlhpc.benchmarks.deepcam.data import sample_files
+
+        return len(sample_files(Path(data) / "train", cfg.data.format))
+    return None
+
+
+def data_match_line(benchmark: str, cfg: Any, data: Path) -> str:
+    """Whether --data holds the samples the config trains on, and the closed division's count
+    (the `full` config's): said, not refused, as the run does not refuse it either."""
+    from mlhpc.campaign.io import resolve_config
+
+    found = training_samples_in(benchmark, cfg, data)
+    wanted = getattr(getattr(cfg, "data", None), "num_train_samples", None)
+    if found is None or not isinstance(wanted, int):
+        return f"--data {shown(data)}: its sample count is not known for {benchmark}"
+    closed = getattr(resolve_config(benchmark, "full", ()).cfg.data, "num_train_samples", None)
+    verdict = "matches" if found == wanted else "DIFFERS from"
+    division = f"; the closed division's dataset has {closed:,}" if isinstance(closed, int) else ""
+    fix = f" (set data.num_train_samples={found}, or pass the dataset the config names)"
+    fix = "" if found == wanted else fix
+    return (
+        f"--data {shown(data)} holds {found:,} training samples: {verdict} the config's "
+        f"data.num_train_samples={wanted:,}{fix}{division}"
     )
 
 
