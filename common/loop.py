@@ -215,11 +215,12 @@ def _train_epochs(training: Training, log: MLLog, progress: Progress, run_starte
             epochs.number = epoch
             if data.set_epoch is not None:
                 data.set_epoch(epoch)
-            with run_events.epoch(log, epoch):
-                samples_per_s = training.train_epoch(epoch)
-            log.event("tracked_stats", {"throughput": samples_per_s}, {constants.EPOCH_NUM: epoch})
-            with run_events.evaluation(log, epoch), timer.phase("evaluation"):
-                metric = training.evaluate()
+            with progress.heartbeat(f"epoch {epoch:>2}/{loop.max_epochs}"):  # a long epoch is not silent
+                with run_events.epoch(log, epoch):
+                    samples_per_s = training.train_epoch(epoch)
+                log.event("tracked_stats", {"throughput": samples_per_s}, {constants.EPOCH_NUM: epoch})
+                with run_events.evaluation(log, epoch), timer.phase("evaluation"):
+                    metric = training.evaluate()
             log.event(bench.target.metric, metric, {constants.EPOCH_NUM: epoch})
             epochs.metrics.append(metric)
             elapsed = time.perf_counter() - run_started

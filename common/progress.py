@@ -8,12 +8,20 @@ line per event, with no bars and no escape codes.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from mlhpc.common.catalog import Target
+
+
+HEARTBEAT_S = 10.0
+"""How long an epoch runs before its first `still training` line, and between two of them."""
 
 
 def clock(seconds: float) -> str:
@@ -119,6 +127,39 @@ class Progress:
                 samples_per_s=samples_per_s, elapsed_s=elapsed_s,
             )  # fmt: skip
             self.say(line, "green" if target.reached(value, threshold) else None)
+
+    def say_if_slow(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """common/waiting.py's `say_if_slow` on this channel: `what` once the body has taken 2 s
+        (a spinner at a terminal), on the main rank only."""
+        if self._console is None:
+            return contextlib.nullcontext()
+        from mlhpc.common.waiting import say_if_slow
+
+        return say_if_slow(what, stream=self.stream)
+
+    @contextlib.contextmanager
+    def heartbeat(self, what: str, every_s: float | None = None) -> Iterator[None]:
+        """While the body runs, a line every `every_s` (`epoch  1/20  still training, 0:10 in`), so a
+        long epoch is not a silent stretch; a thread that only waits and prints (the training
+        loop never syncs with it); nothing when disabled or when the body ends sooner."""
+        if self._console is None:
+            yield
+            return
+        every = HEARTBEAT_S if every_s is None else every_s
+        done = threading.Event()
+        started = time.perf_counter()
+
+        def beat() -> None:
+            while not done.wait(every):
+                self.say(f"{what}  still training, {clock(time.perf_counter() - started)} in")
+
+        thread = threading.Thread(target=beat, name="progress-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
 
 SILENT = Progress(enabled=False)

@@ -198,3 +198,39 @@ def test_where_resuming_means_nothing_the_line_stays_bare() -> None:
         assert stopped_line("terminated", argparse.Namespace(**{**run, **change})) == "mlhpc: terminated"
     resumed = stopped_line("interrupted", argparse.Namespace(**{**run, "argv": [*run["argv"], "--resume"]}))
     assert resumed.endswith("run x --out o --resume") and resumed.count("--resume") == 1
+
+
+def test_a_long_epoch_says_it_is_still_training_and_a_short_one_says_nothing() -> None:
+    import time
+
+    out = io.StringIO()
+    progress = Progress(enabled=True, stream=out)
+    with progress.heartbeat("epoch  1/20", every_s=0.05):
+        time.sleep(0.28)
+    lines = out.getvalue().splitlines()
+    assert 3 <= len(lines) <= 6, lines
+    assert all(line.startswith("epoch  1/20  still training, 0:00 in") for line in lines), lines
+    out.truncate(0)
+    out.seek(0)
+    with progress.heartbeat("epoch  2/20", every_s=5):
+        pass
+    assert out.getvalue() == ""  # quick: no line, and the thread has ended
+    with Progress(enabled=False, stream=out).heartbeat("x", every_s=0.01):
+        time.sleep(0.05)
+    assert out.getvalue() == ""  # other ranks: nothing
+
+
+def test_the_loop_says_still_training_within_each_epoch(
+    ctx: DistContext, tmp_path: Path, monkeypatch
+) -> None:
+    from mlhpc.common import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "HEARTBEAT_S", 0.0005)
+    out = io.StringIO()
+    run_toy(
+        make_config(max_epochs=2), ctx, tmp_path / "result_0.txt", progress=Progress(enabled=True, stream=out)
+    )
+    beats = [line for line in out.getvalue().splitlines() if "still training" in line]
+    assert {line.split("  still")[0] for line in beats} <= {"epoch  1/2", "epoch  2/2"} and beats, (
+        out.getvalue()
+    )

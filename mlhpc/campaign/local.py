@@ -286,7 +286,9 @@ class _SeedRunner:
         finally:
             ctx.node_barrier()
             if ctx.local_rank == 0:
-                remove_claimed_dir(owned)  # a second Ctrl-C leaves it marked, for the next run
+                # seconds on a busy machine: said, not a silent stretch before the seed's line
+                with self.progress.say_if_slow(f"seed {seed}: removing its staged copy {owned}"):
+                    remove_claimed_dir(owned)  # a second Ctrl-C leaves it marked, for the next run
         written = log.close()
         self._report(index, seed, result, written or path)
         return seed, result, written or path
