@@ -18,6 +18,7 @@ from rich.text import Text
 from mlhpc.common.errors import MlhpcError, SubmissionError
 from mlhpc.common.fileio import atomic_write_text
 from mlhpc.common.printable import shown
+from mlhpc.common.tables import fitted_table
 from mlhpc.common.waiting import say_if_slow
 from mlhpc.common.writable import (
     PNG_KIND,
@@ -135,21 +136,27 @@ HEADERS = ("id", "round", "submitter", "system", "scaling", "benchmark", "nodes"
 HEADERS_MORE = ("samples/s/accel.", "staging share", "epochs", "energy kWh")
 
 
-def entries_table(title: str, entries: Sequence[dict[str, Any]], mark: int | None = None) -> Table:
-    table = Table(title=Text(shown(title)))
-    for name in HEADERS[:6]:
-        table.add_column(name)
-    for name in (*HEADERS[6:], *HEADERS_MORE):
-        table.add_column(name, justify="right")
-    for e in entries:
-        table.add_row(*(Text(shown(v)) for v in _row(e)), style="bold" if e["id"] == mark else "")
-    return table
+NUMBERS = ("id", "nodes", "accel.", *HEADERS_MORE)
+# Left out, in this order, while a table is wider than the terminal (named under it).
+DROPPABLE = ("energy kWh", "staging share", "epochs", "samples/s/accel.", "nodes", "scaling")
+
+
+def entries_table(
+    title: str, entries: Sequence[dict[str, Any]], mark: int | None = None, width: int = 10_000
+) -> Table:
+    """One row per entry, fitted to `width` (common/tables.py): scores whole, names wrapped."""
+    rows = [_row(e) for e in entries]
+    styles = ["bold" if e["id"] == mark else "" for e in entries]
+    headers = (*HEADERS, *HEADERS_MORE)
+    return fitted_table(
+        title, headers, rows, width, numbers=NUMBERS, right=("score",), droppable=DROPPABLE, row_styles=styles
+    )
 
 
 def list_command(db: Path, benchmark: str | None, console: Console) -> int:
     with open_store(db, create=False) as connection:
         entries = fetch_entries(connection, *(("benchmark = ?", (benchmark,)) if benchmark else ()))
-    console.print(entries_table(f"{len(entries)} entries in {db}", entries))
+    console.print(entries_table(f"{len(entries)} entries in {db}", entries, width=console.width))
     return 0
 
 
@@ -176,16 +183,19 @@ def unlike(entry: dict[str, Any], other: dict[str, Any]) -> list[str]:
 
 
 def compare_table(
-    title: str, entry: dict[str, Any], others: Sequence[tuple[dict[str, Any], list[str]]]
+    title: str,
+    entry: dict[str, Any],
+    others: Sequence[tuple[dict[str, Any], list[str]]],
+    width: int = 10_000,
 ) -> Table:
     """entries_table with a last column saying why a row is unlike the entry."""
-    table = entries_table(title, [])
-    table.add_column("unlike because")
     own = "smoke config (mini)" if entry["rcp_verdict"] == "smoke" else "this entry"
-    table.add_row(*(Text(shown(v)) for v in [*_row(entry), own]), style="bold")
-    for other, reasons in others:
-        table.add_row(*(Text(shown(v)) for v in [*_row(other), "; ".join(reasons)]))
-    return table
+    rows = [[*_row(entry), own], *([*_row(other), "; ".join(reasons)] for other, reasons in others)]
+    headers = (*HEADERS, *HEADERS_MORE, "unlike because")
+    styles = ["bold", *([""] * len(others))]
+    return fitted_table(
+        title, headers, rows, width, numbers=NUMBERS, right=("score",), droppable=DROPPABLE, row_styles=styles
+    )
 
 
 def compare_command(
@@ -207,7 +217,7 @@ def compare_command(
     left_out = len(marked) - len(shown_rows)
     kind = "published" if show_all else "like published"
     title = f"{entry_name(entry)} against {len(shown_rows)} {kind} {entry['benchmark']} entries"
-    console.print(compare_table(title, entry, shown_rows))
+    console.print(compare_table(title, entry, shown_rows, width=console.width))
     if left_out:
         why = sorted({reason for _, reasons in marked for reason in reasons})
         console.print(

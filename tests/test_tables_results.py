@@ -1,0 +1,73 @@
+"""`mlhpc results list` at 120 and 80 columns: no line wider than the terminal, every score and
+every count whole (never `0.02…`), the long system names on one line at 120, the columns left out
+named; compare_table the same."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from mlhpc.common.tables import fitted_table
+
+DATA = Path(__file__).parent / "data" / "hpc_v3.0_weak"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("store") / "results.sqlite"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "results", "add", str(DATA), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return db
+
+
+@pytest.mark.parametrize("columns", [120, 80])
+def test_results_list_fits_and_keeps_its_numbers(store: Path, columns: int) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "results", "list", "--db", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= columns for line in lines), proc.stdout
+    assert "…" not in proc.stdout
+    for number in ("0.02051", "0.4649", "2048", "128"):  # the weak scores and the accelerators
+        assert any(f" {number} " in line for line in lines), (number, proc.stdout)
+    if columns == 120:
+        assert any("fugaku_82944xA64FX_tensorflow_closed" in line for line in lines)
+        assert any("weak" in line for line in lines)  # scaling kept at 120
+    assert "left out to fit:" in proc.stdout
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    words=st.lists(st.text(alphabet="ab_-.x ", min_size=1, max_size=50), min_size=3, max_size=3),
+    numbers=st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=2, max_size=2),
+    width=st.integers(min_value=40, max_value=200),
+)
+def test_any_text_any_width_keeps_each_number_on_one_line(
+    words: list[str], numbers: list[float], width: int
+) -> None:
+    texts = [f"{n:.6g}" for n in numbers]
+    table = fitted_table(
+        "t", ("a", "b", "c", "n1", "n2"), [[*words, *texts]], width, numbers=("n1", "n2"), droppable=("c",)
+    )
+    console = Console(width=width, record=True, no_color=True)
+    console.print(table)
+    out = console.export_text()
+    assert all(len(line) <= width for line in out.splitlines()), out
+    for text in texts:
+        assert any(f" {text} " in line for line in out.splitlines()), (text, out)
