@@ -225,7 +225,65 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     marked = ci.split("# --- the README's test command", 1)[1].split("\n# ---", 1)[0]
     assert install_and_test in marked.splitlines(), f".ci/run does not run the README's {install_and_test!r}"
-    assert install_and_run.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
+    # The CPU build of torch goes in command 1 itself, in pyproject's ranges, before `pip install -e .`
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    pins = [f"'{pin}'" for pin in re.findall(r'"(torch(?:vision)?>=[^"]+)"', pyproject)]
+    cpu = f".venv/bin/pip install {' '.join(pins)} --index-url https://download.pytorch.org/whl/cpu"
+    assert len(pins) == 2 and install_and_run.startswith(f"python3 -m venv .venv && {cpu} && "), (
+        install_and_run
+    )
+    assert install_and_run.endswith(
+        " && .venv/bin/pip install -e . && .venv/bin/mlhpc run cosmoflow --config mini --seeds 10 --out runs/"
+    )
+
+
+def test_every_staged_folder_is_made_first_in_its_block() -> None:
+    """A walkthrough (a block of several commands) that stages a relative folder (`mlhpc stage
+    data/cosmoflow ...`) first makes it (`mlhpc generate ... --out data/cosmoflow`);
+    docs/MULTINODE.md once staged one nothing made. A one-line example names the user's own data."""
+    missing = []
+    for path in GUIDES:
+        for start, language, lines in shell_blocks(path.read_text(encoding="utf-8")):
+            if language not in SHELL_LANGUAGES or len(lines) < 3:
+                continue
+            made: set[str] = set()
+            for offset, line in enumerate(lines):
+                try:
+                    words = shlex.split(line, comments=True)
+                except ValueError:  # a line continued with a backslash
+                    words = line.split()
+                if "generate" in words and "--out" in words:
+                    made.add(words[words.index("--out") + 1].rstrip("/"))
+                if "stage" in words and "mlhpc" in words[: words.index("stage")]:
+                    source = words[words.index("stage") + 1].rstrip("/")
+                    if not source.startswith(("/", "$", "-", "<")) and source not in made:
+                        missing.append(f"{path.relative_to(ROOT)}:{start + offset}: {line.strip()}")
+    assert not missing, "folders staged that the block never makes:\n" + "\n".join(missing)
+
+
+def test_benchmarks_quotes_the_latest_deepcam_mini_figures() -> None:
+    """docs/BENCHMARKS.md says what perf/RESULTS.md's latest DeepCAM mini record measured."""
+    page = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    results = (ROOT / "perf" / "RESULTS.md").read_text(encoding="utf-8")
+    latest = results.split("the DeepCAM mini holds on 20 random seeds", 1)[1].split("\n## ", 1)[0]
+    assert "not yet on others" not in page and "holds on random seeds" in page
+    for figure in ("4-9", "5.6", "21 %"):
+        assert f"**{figure}**" in latest and figure in page, figure
+
+
+@pytest.mark.parametrize(
+    "words", [["results", "add"], ["results", "list"], ["results", "compare"], ["status"]]
+)
+def test_results_and_status_help_show_an_example_that_parses(words: list[str]) -> None:
+    """`--help` ends with a worked example, and that example parses against the command line."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser(words[0]).parse_args([*words, "--help"])
+    text = out.getvalue()
+    assert "example:" in text, text
+    example = text.split("example:", 1)[1].strip().splitlines()[0].strip()
+    argv = shlex.split(example)
+    assert argv[: 1 + len(words)] == ["mlhpc", *words] and parse_problem(argv[1:]) is None, example
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:

@@ -19,7 +19,12 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         "mlhpc results compare mlhpc/myhost_gpu_n1/strong/cosmoflow --report compare/",
     )
     what = results.add_subparsers(dest="results_command", required=True, metavar="ACTION")
-    add = what.add_parser("add", help="check folders and store their entries (re-adding replaces)")
+    add = what.add_parser(
+        "add",
+        help="check folders and store their entries (re-adding replaces)",
+        epilog="example:\n  mlhpc results add /data/hpc_results_v3.0 runs/mlhpc --db results.sqlite",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add.add_argument(
         "dirs", type=Path, nargs="+", metavar="DIR", help="an organisation's folder or a round's"
     )
@@ -30,9 +35,19 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         help="auto: published when the folder is named for a round (hpc_results_v3.0)",
     )
     add.add_argument("--jobs", type=int, default=None, help="parallel compliance checks")
-    listing = what.add_parser("list", help="the stored entries")
+    listing = what.add_parser(
+        "list",
+        help="the stored entries",
+        epilog="example:\n  mlhpc results list --benchmark cosmoflow --db results.sqlite",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     listing.add_argument("--benchmark", default=None)
-    compare = what.add_parser("compare", help="one entry against the published ones of its benchmark")
+    compare = what.add_parser(
+        "compare",
+        help="one entry against the published ones of its benchmark",
+        epilog="example:\n  mlhpc results compare mlhpc/myhost_gpu_n1/strong/cosmoflow --report compare/ --all",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     compare.add_argument("entry", help="an id (see list) or submitter/system/scaling/benchmark")
     compare.add_argument("--report", type=Path, default=None, metavar="DIR", help="write DIR/index.html")
     compare.add_argument("--all", action="store_true", help="also entries of unlike scale or config, marked")
