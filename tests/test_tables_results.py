@@ -71,3 +71,31 @@ def test_any_text_any_width_keeps_each_number_on_one_line(
     assert all(len(line) <= width for line in out.splitlines()), out
     for text in texts:
         assert any(f" {text} " in line for line in out.splitlines()), (text, out)
+
+
+def test_results_add_stores_the_folders_that_exist_and_names_each_missing_one(tmp_path: Path) -> None:
+    db = tmp_path / "store.sqlite"
+    missing = [tmp_path / "hpc_results_v9.9", tmp_path / "typo"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "results", "add", str(missing[0]), str(DATA), str(missing[1]), "--db", str(db)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "stored 2 entries" in proc.stdout
+    for folder in missing:
+        assert f"mlhpc: warning: {folder} is not a folder; skipped" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"mlhpc: warning: not stored (not a folder): {missing[0]}, {missing[1]}; fix the path and add it again"
+    )
+    listed = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "results", "list", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0 and "2 entries" in listed.stdout
+    only_missing = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "results", "add", str(missing[1]), "--db", str(tmp_path / "other.sqlite")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert only_missing.returncode == 2 and not (tmp_path / "other.sqlite").exists()

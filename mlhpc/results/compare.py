@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,11 +71,19 @@ def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, c
             pass
     started = time.perf_counter()
     reports = []
+    missing = [folder for folder in dirs if not Path(folder).is_dir()]
+    if len(missing) == len(dirs):
+        raise MlhpcError(
+            f"{missing[0]} is not a folder; pass a submission (an organisation's folder or a round's)"
+        )
+    for folder in missing:  # the others are still stored: a typo in one of five rounds loses none
+        print(
+            shown(f"mlhpc: warning: {folder} is not a folder; skipped, the others are stored"),
+            file=sys.stderr,
+        )
     for folder in dirs:
-        if not Path(folder).is_dir():
-            raise MlhpcError(
-                f"{folder} is not a folder; pass a submission (an organisation's folder or a round's)"
-            )
+        if folder in missing:
+            continue
         try:
             with say_if_slow(f"checking {shown(folder)}"):  # a whole round takes tens of seconds
                 report = check_submission(folder, jobs=jobs)
@@ -98,6 +107,13 @@ def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, c
             )
         )
     )
+    if missing:  # stored, but not all that was asked: said last, and exit status 1
+        names = ", ".join(shown(folder) for folder in missing)
+        print(
+            f"mlhpc: warning: not stored (not a folder): {names}; fix the path and add it again",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
