@@ -25,7 +25,7 @@ def load_config(config_cls: type[T], path: str | Path, overrides: Sequence[str] 
     """Read YAML at `path` into `config_cls`, applying `section.key=value` overrides on top."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = safe_yaml(path.read_text(encoding="utf-8"), f"config file {path}") or {}
     except FileNotFoundError as e:
         raise ConfigError(f"config file {path} does not exist; pass --config mini|full or a path") from e
     except yaml.YAMLError as e:
@@ -38,6 +38,44 @@ def load_config(config_cls: type[T], path: str | Path, overrides: Sequence[str] 
         check_override_key(config_cls, key, given.get(key, key))
         _set_dotted(raw, key, value)
     return from_dict(config_cls, raw, source=str(path), overridden=given)
+
+
+MAX_YAML_DEPTH = 32
+"""A config nests sections a few levels deep; PyYAML's composer recurses per level, and a few
+hundred `[` or `a:` levels raised RecursionError (a traceback)."""
+
+
+class _DepthBoundLoader(yaml.SafeLoader):
+    """SafeLoader that refuses nesting deeper than MAX_YAML_DEPTH before it recurses further."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                raise _TooDeep
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def safe_yaml(text: str, what: str) -> Any:
+    """`text` parsed as YAML (safe types only); a ConfigError naming `what` when it nests deeper
+    than MAX_YAML_DEPTH levels."""
+    loader = _DepthBoundLoader(text)
+    try:
+        return loader.get_single_data()
+    except _TooDeep:
+        raise ConfigError(
+            f"{what} nests deeper than {MAX_YAML_DEPTH} levels; a config is sections of key: value"
+        ) from None
+    finally:
+        loader.dispose()
 
 
 def check_override_key(config_cls: type, dotted: str, item: str) -> None:
@@ -74,7 +112,7 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not key=value; write e.g. loop.max_epochs=20")
         try:
-            parsed[key.strip()] = yaml.safe_load(text)
+            parsed[key.strip()] = safe_yaml(text, f"override {item[:60]!r}")
         except yaml.YAMLError as e:
             raise ConfigError(f"override {item!r}: the value is not valid YAML") from e
     return parsed
@@ -141,6 +179,19 @@ def check_positive(name: str, value: float, fix: str = "") -> None:
     """For `__post_init__`: a ValueError naming the field, its value and the fix unless value > 0."""
     if not value > 0:
         raise ValueError(f"{name}={value} must be positive; {fix or f'set {name} above 0'}")
+
+
+def check_num_workers(value: int, name: str = "data.num_workers") -> None:
+    """For `__post_init__`: the one bound on a benchmark's loader workers, 0 (load in the main
+    process) to 4 per CPU of this machine (at least 64): 100,000 forked to the pid limit."""
+    from mlhpc.common.threads import count_bound
+
+    most = count_bound()
+    if not 0 <= value <= most:
+        raise ValueError(
+            f"{name}={value} must be from 0 (load in the main process) to {most} (4 per CPU of this "
+            f"machine, at least 64); set {name}=4, say"
+        )
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlhpc.common.printable import shown
+
 SHORT_SPIN = {"GOMP_SPINCOUNT": "3000", "KMP_BLOCKTIME": "0"}
 """Spin ~3,000 iterations (microseconds) before sleeping: as fast as torch's default on an idle
 machine, and 20x faster than it when another process holds the cores (perf/threads.py)."""
@@ -164,12 +166,34 @@ def usable(budget: CpuBudget) -> int:
     return max(1, min(budget.cpus, math.floor(budget.idle + 0.25)))
 
 
+def count_bound() -> int:
+    """The most threads or worker processes one rank may ask for: 4 per CPU of the machine, at
+    least 64. More only thrash (100,000 threads segfaulted torch; as many workers hit the pid limit)."""
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
+def env_count(name: str, text: str) -> int:
+    """`text`, the value of the environment variable `name`, as a count of 1..count_bound(); a
+    ConfigError naming the variable otherwise (`²`, `-1`, `1e3`, a 400-digit number)."""
+    from mlhpc.common.errors import ConfigError
+
+    most = count_bound()
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > 9 or not 1 <= int(value) <= most:
+        raise ConfigError(
+            f"{name}={shown(text[:40])} is not a thread count from 1 to {most} (4 per CPU of this "
+            f"machine, at least 64); set {name} to a whole number in that range, or unset it"
+        )
+    return int(value)
+
+
 def explicit_choice(environ: Mapping[str, str]) -> ThreadChoice | None:
-    """What the user set (OMP_NUM_THREADS wins, then MLHPC_THREADS), or None (pure)."""
+    """What the user set (OMP_NUM_THREADS wins, then MLHPC_THREADS), or None (pure); a ConfigError
+    for a value that is no count in 1..count_bound(). An empty value counts as unset."""
     for name in ("OMP_NUM_THREADS", "MLHPC_THREADS"):
         value = environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return ThreadChoice(int(value), 1, f"{name}={value}")
+        if value and not (name == "MLHPC_THREADS" and value == "torch"):
+            return ThreadChoice(env_count(name, value), 1, f"{name}={value}")
     if environ.get("MLHPC_THREADS", "").strip() == "torch":
         return ThreadChoice(0, 0, "MLHPC_THREADS=torch: torch's defaults")
     return None

@@ -20,7 +20,7 @@ _HDF5_FILE_BYTES = 4096  # superblock, object headers and the chunk index of a s
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 
 
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)(b?)\s*\Z", re.IGNORECASE)
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)(b?)\s*\Z", re.IGNORECASE | re.ASCII)
 
 
 def split_counts(data: Any, num_samples: int | None) -> tuple[int, int]:
@@ -85,15 +85,26 @@ def human_size(count: int, *, round_up: bool = True) -> str:
     return f"{text} {units[power]}"
 
 
+MAX_SIZE_BYTES = 10**18
+"""An exabyte: more than any node-local or shared disk a size is typed for; a 400-digit size
+overflowed float to inf (a traceback)."""
+
+
 def parse_size(text: str) -> int:
-    """`9.9TB`, `500 GB`, `4GiB`, `1000000` -> bytes; ValueError naming the fix otherwise."""
-    match = _SIZE.match(text)
+    """`9.9TB`, `500 GB`, `4GiB`, `1000000` -> bytes, at most MAX_SIZE_BYTES; ValueError naming the
+    fix otherwise."""
+    match = _SIZE.match(text) if len(text) <= 40 else None
     if not match:
-        raise ValueError(f"{text!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
+        raise ValueError(f"{text[:40]!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
     number, prefix, binary, _ = match.groups()
     scale = _UNITS[prefix.lower()]
     if binary:
         if not prefix:
-            raise ValueError(f"{text!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
+            raise ValueError(f"{text[:40]!r} is not a size; write it as 9.9TB, 500GB or 4GiB")
         scale = 2 ** (10 * "kmgtp".index(prefix.lower()) + 10)
-    return math.ceil(float(number) * scale)
+    size = float(number) * scale
+    if not size <= MAX_SIZE_BYTES:
+        raise ValueError(
+            f"{text.strip()!r} is more than any disk ({human_size(MAX_SIZE_BYTES)}); write e.g. 9.9TB"
+        )
+    return math.ceil(size)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlhpc.common.errors import ConfigError
 from mlhpc.common.threads import (
     CpuBudget,
     _cpu_times,
@@ -71,9 +72,11 @@ def test_an_explicit_setting_wins() -> None:
     assert choose_threads(WHOLE_MACHINE, 4, {"MLHPC_THREADS": "5"}).source == "MLHPC_THREADS=5"
     assert choose_threads(WHOLE_MACHINE, 4, {"OMP_NUM_THREADS": "2", "MLHPC_THREADS": "5"}).intra_op == 2
     assert choose_threads(WHOLE_MACHINE, 4, {"MLHPC_THREADS": "torch"}).intra_op == 0  # torch's default
-    # Not a positive count: ignored, never a crash (libgomp itself rejects it with a warning).
-    assert choose_threads(WHOLE_MACHINE, 4, {"OMP_NUM_THREADS": "0"}).intra_op == 16
-    assert choose_threads(WHOLE_MACHINE, 4, {"OMP_NUM_THREADS": "4,2"}).intra_op == 16
+    # Not a count of 1..count_bound(): one line naming the variable, never a crash (issue 39).
+    for value in ("0", "4,2", "²", "100000"):
+        with pytest.raises(ConfigError, match=f"OMP_NUM_THREADS={value} is not a thread count"):
+            choose_threads(WHOLE_MACHINE, 4, {"OMP_NUM_THREADS": value})
+    assert choose_threads(WHOLE_MACHINE, 4, {"OMP_NUM_THREADS": " "}).intra_op == 16  # empty: unset
 
 
 @settings(max_examples=200, deadline=None)
@@ -122,7 +125,9 @@ def test_cgroup_v1_quota(tmp_path: Path) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=200), st.binary(max_size=50))
-def test_damaged_cgroup_files_mean_no_quota_never_a_crash(tmp_path_factory, lines: bytes, cpu_max: bytes) -> None:
+def test_damaged_cgroup_files_mean_no_quota_never_a_crash(
+    tmp_path_factory, lines: bytes, cpu_max: bytes
+) -> None:
     tmp = tmp_path_factory.mktemp("cg")
     (tmp / "root" / "x").mkdir(parents=True)
     (tmp / "root" / "x" / "cpu.max").write_bytes(cpu_max)
@@ -146,7 +151,9 @@ def test_openmp_waits_briefly_unless_the_user_said_otherwise() -> None:
     ("affinity", "env", "threads"),
     [({0}, {}, 1), ({0, 1}, {"OMP_NUM_THREADS": "1"}, 1), ({0, 1}, {"MLHPC_THREADS": "1"}, 1)],
 )
-def test_a_real_process_sets_torch_from_its_choice(affinity: set[int], env: dict[str, str], threads: int) -> None:
+def test_a_real_process_sets_torch_from_its_choice(
+    affinity: set[int], env: dict[str, str], threads: int
+) -> None:
     """In a fresh process: mlhpc's import sets the spin count before torch loads, and
     init_distributed applies and records the choice."""
     if not affinity <= os.sched_getaffinity(0):
