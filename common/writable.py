@@ -107,10 +107,8 @@ def generator_meta(generator: str) -> str:
 
 PNG_KIND = OutputKind("a PNG", (".png",), lambda head: head.startswith(b"\x89PNG\r\n\x1a\n"))
 """Every mlhpc plot (common/plots.write_png); no other mlhpc record is a PNG."""
-SQLITE_KIND = OutputKind(
-    "an SQLite database", (".sqlite", ".db"), lambda head: head.startswith(b"SQLite format 3\x00")
-)
-"""The results store; its schema is proven by mlhpc.results.store before any write."""
+SQLITE_KIND = OutputKind("an SQLite database", (), lambda head: head.startswith(b"SQLite format 3\x00"))
+"""The results store, under any name; its schema is proven by mlhpc.results.store before any write."""
 SEED_KIND = OutputKind(
     "a seed file (one integer a line)",
     (".seed",),
@@ -186,13 +184,12 @@ def output_conflict(
                     f"is a hard link to the input {shown(given)}",
                     "write it outside what this command reads",
                 )
+    if suffixes and not real.endswith(tuple(suffixes)):
+        return f"exists and does not end in {' or '.join(suffixes)}: not a file this option writes", new_name
     if kind is not None:
         head = _head(real)
         if head is None or not kind.owns(head):
             return f"exists and is not {kind.what}: not a file this option wrote", "pass a new name"
-        return None
-    if suffixes and not real.endswith(tuple(suffixes)):
-        return f"exists and does not end in {' or '.join(suffixes)}: not a file this option writes", new_name
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -112,7 +113,7 @@ def _record(key: str, event: str, time_ms: float, value: Any, metadata: dict[str
         "value": value,
         "metadata": metadata,
     }
-    return f":::MLLOG {json.dumps(record)}\n"
+    return f":::MLLOG {json.dumps(record, allow_nan=False)}\n"  # a NaN is no MLLOG value
 
 
 class PowerSampler:
@@ -193,6 +194,10 @@ class PowerSampler:
                 delta += counter.wrap_uj + 1
             joules += max(delta, 0) / 1e6
         watts = joules / (now_s - self._last_s)
+        if not math.isfinite(watts) or watts <= 0:
+            # counters that stood still measured nothing (no node draws 0 W; the checker refuses
+            # such a reading): no reading; the next one covers this interval too
+            return None
         self._last, self._last_s = now_uj, now_s
         self._write("power_reading", "POINT_IN_TIME", now_s, watts)
         self.readings += 1

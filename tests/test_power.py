@@ -87,10 +87,10 @@ def test_readings_are_the_counters_watts_and_the_checker_scores_them(tmp_path: P
     records = read_power_log(path)
     keys = [r.key for r in records]
     assert keys[0] == "power_measurement_start" and keys[-1] == "power_measurement_stop"
-    assert keys.count("power_reading") == 5  # four, and one when the block ends
+    assert keys.count("power_reading") == 4  # four; none when the block ends (counters stood still)
     start, stop = records[0].time_ms, records[-1].time_ms
     assert stop - start == pytest.approx(5000.0)
-    # Over the 4 s of the readings at 125 W and the last second at 0 W: 500 J for 5 s measured.
+    # Over the 4 s of the readings at 125 W and a last second that measured nothing: 500 J for 5 s.
     assert node_energy_j(records, time_to_train_ms=5000.0) == pytest.approx(500.0)
     meta = json.loads(path.read_text().splitlines()[1].split(":::MLLOG ", 1)[1])["metadata"]
     assert meta == {"host": "n01", "sources": ["rapl:intel-rapl:0", "rapl:intel-rapl:1"]}
