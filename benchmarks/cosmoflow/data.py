@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
 from mlhpc.common.dali import choose_loader
+from mlhpc.common.data_kinds import hint as layout_hint
 from mlhpc.common.datasets import existing_data_dir, list_samples, open_sample
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
@@ -106,6 +107,7 @@ def read_file_lists(split_dir: Path) -> list[tuple[Path, Path]]:
             raise DataError(
                 f"{path} is missing; the dataset needs {DATA_LIST} and {LABEL_LIST} in "
                 f"{split_dir} (run `mlhpc generate cosmoflow --out DIR` for synthetic data)"
+                f"{layout_hint(split_dir.parent, 'cosmoflow')}"
             )
         lists.append(sorted(line.strip() for line in _read_list(path).splitlines() if line.strip()))
     data_names, label_names = lists

@@ -20,6 +20,7 @@ from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.model import NUM_CLASSES
 from mlhpc.benchmarks.deepcam.synthetic import write_dataset
 from mlhpc.common.dali import choose_loader
+from mlhpc.common.data_kinds import hint as layout_hint
 from mlhpc.common.datasets import existing_data_dir, list_samples, open_h5, open_sample
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
@@ -107,7 +108,10 @@ def read_stats(data_dir: Path, num_channels: int) -> tuple[np.ndarray, np.ndarra
             minval = np.asarray(_dataset(handle, MIN_KEY, path, fix)[...], dtype=np.float64)
             maxval = np.asarray(_dataset(handle, MAX_KEY, path, fix)[...], dtype=np.float64)
     except FileNotFoundError as e:
-        raise DataError(f"{path} is missing; the dataset root needs the per-channel {STATS_FILE}") from e
+        raise DataError(
+            f"{path} is missing; the dataset root needs the per-channel {STATS_FILE}"
+            f"{layout_hint(Path(data_dir), 'deepcam')}"
+        ) from e
     except _H5_ERRORS as e:
         raise DataError(f"{path} is not a readable HDF5 file ({_first_line(e)}); {fix}") from e
     for key, values in ((MIN_KEY, minval), (MAX_KEY, maxval)):

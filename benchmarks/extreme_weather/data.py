@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, DistributedSampler, Subset
 from mlhpc.benchmarks.extreme_weather import synthetic
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
 from mlhpc.benchmarks.extreme_weather.model import NUM_CLASSES
+from mlhpc.common.data_kinds import hint as layout_hint
 from mlhpc.common.datasets import existing_data_dir, list_samples, open_h5
 from mlhpc.common.distributed import DistContext
 from mlhpc.common.errors import DataError
@@ -239,6 +240,7 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
         raise DataError(
             f"{folder} holds no {FILE_GLOB} file; run `mlhpc generate extreme_weather --out DIR` "
             "or point --data at the ExtremeWeather year files split into train/ and validation/"
+            f"{layout_hint(Path(folder).parent, 'extreme_weather')}"
         )
     return files
 

@@ -230,6 +230,15 @@ def _run(args: argparse.Namespace) -> int:
     # generates in its data job: refused on the login node, before anything is queued.
     if not args.dry_run or args.slurm:
         refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
+    if opts.data is not None and not args.dry_run:  # another benchmark's data: at once, not after imports
+        from mlhpc.common.data_kinds import other_layout
+
+        other = other_layout(opts.data, opts.benchmark)
+        if other is not None:
+            from mlhpc.common.errors import DataError
+            from mlhpc.common.printable import shown
+
+            raise DataError(f"--data {shown(opts.data)}: {other}")
     if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
         check_run_environment(opts, device=not args.dry_run)
     seed_file = _check_output_flags(args, opts)
