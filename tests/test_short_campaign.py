@@ -37,7 +37,9 @@ def make_org(root: Path, files: int) -> Path:
 
 def check(org: Path, short: bool) -> tuple[int, str]:
     console = Console(record=True, width=200, highlight=False)
-    said = (lambda found, required: f"{found} of {required} runs: not yet a scoreable entry") if short else None
+    said = (
+        (lambda found, required: f"{found} of {required} runs: not yet a scoreable entry") if short else None
+    )
     status = check_command(org, ruleset="2.0.0", console=console, short_campaign=said)
     return status, console.export_text()
 
