@@ -139,6 +139,18 @@ def _inside_inputs(real: str, inputs: Sequence[Path | str]) -> tuple[str, str] |
     return None
 
 
+def _hard_link_to(status: os.stat_result, inputs: Sequence[Path | str]) -> tuple[str, str] | None:
+    for given in inputs:
+        with contextlib.suppress(OSError):
+            theirs = os.stat(given)
+            if (theirs.st_dev, theirs.st_ino) == (status.st_dev, status.st_ino):
+                return (
+                    f"is a hard link to the input {shown(given)}",
+                    "write it outside what this command reads",
+                )
+    return None
+
+
 def output_conflict(
     output: Path | str,
     inputs: Sequence[Path | str],
@@ -176,14 +188,9 @@ def output_conflict(
     new_name = "pass a new name" + (f" or an existing {' or '.join(suffixes)} file" if suffixes else "")
     if not stat.S_ISREG(status.st_mode):
         return "exists and is not a regular file (a folder, FIFO or device)", new_name
-    for given in inputs:
-        with contextlib.suppress(OSError):
-            theirs = os.stat(given)
-            if (theirs.st_dev, theirs.st_ino) == (status.st_dev, status.st_ino):
-                return (
-                    f"is a hard link to the input {shown(given)}",
-                    "write it outside what this command reads",
-                )
+    linked = _hard_link_to(status, inputs)
+    if linked is not None:
+        return linked
     if suffixes and not real.endswith(tuple(suffixes)):
         return f"exists and does not end in {' or '.join(suffixes)}: not a file this option writes", new_name
     if kind is not None:
