@@ -17,15 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.writable import (
-    check_writable_dir,
-    make_marked_dir,
-    refuse_output_over_inputs,
-    remove_marked_dir,
-)
+from mlhpc.common.writable import check_writable_dir, refuse_output_over_inputs
 from mlhpc.staging.manifest import MANIFEST_NAME
 from mlhpc.staging.plan import MODES
-from mlhpc.staging.study import baselines, dataset, rank_groups
+from mlhpc.staging.study import baselines, dataset, rank_groups, space
 from mlhpc.staging.study.clock import Timing, median_timing, medians
 from mlhpc.staging.study.raw import RAW_DEPTHS
 from mlhpc.staging.study.report import csv_row, size_label, write_outputs
@@ -95,17 +90,20 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--modes {','.join(unknown)} unknown; use {', '.join(MODES)}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats {args.repeats} must be at least 1")
+    space.check_counts(args)
     outputs = _check_outputs(args)  # before minutes of measuring, not after
     datasets = _plan_datasets(args)
+    space.sweep_leftovers(args)  # what killed studies left, before the free space is looked at
+    space.check_free_space(args, datasets, args.scratch or args.out)
     cold = not args.warm
     print(
         f"{_estimate_line(datasets, args, modes)}; source: {args.scratch or args.data or 'a new folder in --out'}; "
         f"node-local: {args.local_dir or 'beside the source'}"
     )
     # Every folder written in is made here under a fresh name and marked; only those are removed.
-    scratch_made = None if args.scratch else make_marked_dir(args.out, "stage-bench-scratch-")
+    scratch_made = None if args.scratch else space.claimed_dir(args.out, space.SCRATCH_PREFIX, args.out)
     scratch = args.scratch or scratch_made.path  # type: ignore[union-attr]
-    local_made = make_marked_dir(args.local_dir or scratch, "stage-bench-local-")
+    local_made = space.claimed_dir(args.local_dir or scratch, space.LOCAL_PREFIX, args.out)
     rows: list[dict[str, Any]] = []
     try:
         for number, (file_kib, files, size) in enumerate(datasets, 1):
@@ -116,10 +114,10 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"source {'cold' if cold else 'warm'}{' (page cache dropped)' if dropped else ''}"
             )
             rows += _measure(args, modes, src, file_kib, files, size, local_made.path, cold)
-    finally:
-        remove_marked_dir(local_made)
+    finally:  # renamed to trash first, the owner marker last: a kill leaves what the next study removes
+        space.remove_claimed(local_made)
         if scratch_made is not None:
-            remove_marked_dir(scratch_made)
+            space.remove_claimed(scratch_made)
     write_outputs(outputs, rows, cold)
     print(f"wrote {outputs['csv']}, {outputs['png']}, {outputs['md']}")
     return 0
