@@ -240,7 +240,11 @@ def _run(args: argparse.Namespace) -> int:
 
             raise DataError(f"--data {shown(opts.data)}: {other}")
     if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
-        check_run_environment(opts, device=not args.dry_run)
+        from mlhpc.common.waiting import say_if_slow
+
+        # torch, torchvision and the benchmark's imports: 3 s idle, 20 s on a busy machine
+        with say_if_slow(f"checking the environment for {opts.benchmark} (importing torch)"):
+            check_run_environment(opts, device=not args.dry_run)
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
