@@ -63,7 +63,8 @@ def refused(args: list[str], cwd: Path, out: Path, expected: str, **env: str) ->
     before = snapshot(out)
     proc = mlhpc(args, cwd, **env)
     assert proc.returncode == 2 and expected in proc.stderr, proc.stdout + proc.stderr
-    assert proc.stderr.count("\n") == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlhpc: error: ")]
+    assert len(errors) == 1 and proc.stderr.splitlines()[-1] == errors[0], proc.stderr
     assert snapshot(out) == before
 
 
