@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.html_words import STYLE as WORDS_STYLE
+from mlhpc.common.html_words import keep_words
 from mlhpc.common.printable import shown
 from mlhpc.common.writable import generator_meta
 
@@ -38,14 +40,15 @@ COLOURS = (
     "#17becf",
 )
 _TARGET = re.compile(r"v\['value'\]\s*(<=|>=|<|>)\s*([0-9.eE+-]+)")
-# Fits a 1200 px window: long paths and messages wrap inside their cell, a table still wider than
-# the page scrolls inside its own box (.wide), plots shrink to the page's width.
+# Fits a 1200 px window and never breaks a word or a number: a cell wraps between words only
+# (numbers and headers not at all), a table wider than the page scrolls inside its own box
+# (.wide), plots shrink to the page's width; only prose outside tables may break a long path.
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222;overflow-wrap:anywhere}
 .wide{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}
-td,th,code{overflow-wrap:anywhere}
-td.n{text-align:right;font-variant-numeric:tabular-nums;overflow-wrap:normal;white-space:nowrap}
+td,th,td code{overflow-wrap:normal;word-break:keep-all}th{white-space:nowrap}code{overflow-wrap:anywhere}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.dropped td{color:#999;text-decoration:line-through}
 .error{color:#b00;font-weight:bold}.warning{color:#a60}.ok{color:#080}section{margin-top:2.5em}
 svg{background:#fafafa;border:1px solid #ddd;max-width:100%;height:auto}code{font-size:.9em}
@@ -293,9 +296,9 @@ def report_html(report: CheckReport) -> str:
         f'<p class="{"error" if errors else "ok"}">{"FAILED" if errors else "PASSED"}: {errors} error(s)</p>'
     )
     body = "".join(_entry_html(e, i, report.ruleset) for i, e in enumerate(report.entries))
-    return (
+    return keep_words(  # a cell never breaks a word at its hyphen or slash
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{generator_meta(GENERATOR)}<title>MLPerf HPC check</title>'
-        f"<style>{STYLE}</style></head><body><h1>MLPerf HPC check of {_e(report.root)}</h1>"
+        f"<style>{STYLE}{WORDS_STYLE}</style></head><body><h1>MLPerf HPC check of {_e(report.root)}</h1>"
         f"<p>Ruleset {_e(report.ruleset)} ({_e(report.ruleset_reason)}).</p>{verdict}{_summary_html(report)}"
         f"<h2>Submission-wide findings</h2>{_findings_html(report.findings)}{body}</body></html>\n"
     )

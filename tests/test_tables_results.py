@@ -99,3 +99,32 @@ def test_results_add_stores_the_folders_that_exist_and_names_each_missing_one(tm
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert only_missing.returncode == 2 and not (tmp_path / "other.sqlite").exists()
+
+
+def test_the_compare_plot_marks_unlike_entries_in_the_plot(tmp_path: Path) -> None:
+    """Unlike entries are hollow markers with their own legend entry; like ones filled; a smoke
+    entry's star says it is unlike all."""
+    from mlhpc.results.compare import _plot
+
+    def entry(id_: int, accelerators: int) -> dict:
+        return {
+            "id": id_, "ruleset": "3.0.0", "origin": "published", "submitter": "s", "system": f"sys{id_}",
+            "scaling": "strong", "benchmark": "cosmoflow", "accelerators": accelerators, "rcp_verdict": "pass",
+            "samples_per_s_per_accelerator": 10.0 * id_, "staging_share": 0.1, "epochs": 5.0,
+        }  # fmt: skip
+
+    ours = {**entry(9, 1), "rcp_verdict": "smoke", "origin": "ours"}
+    fig = _plot(ours, [entry(1, 512), entry(2, 4)], frozenset({1}))
+    ax = fig.axes[0]
+    hollow = [c for c in ax.collections if len(c.get_offsets()) and c.get_facecolors().size == 0]
+    filled = [c for c in ax.collections if len(c.get_offsets()) and c.get_facecolors().size > 0]
+    assert [list(c.get_offsets()[0]) for c in hollow] == [[512, 10.0]]
+    assert [512, 10.0] not in [list(c.get_offsets()[0]) for c in filled]
+    labels = fig.axes[-1].get_legend().get_texts()
+    texts = [t.get_text() for t in labels]
+    assert "hollow: unlike (other scale or config)" in texts
+    assert any("smoke config: unlike all" in t for t in texts)
+    plain = _plot(entry(9, 1), [entry(2, 4)])
+    assert "hollow: unlike (other scale or config)" not in [
+        t.get_text() for t in plain.axes[-1].get_legend().get_texts()
+    ]

@@ -18,6 +18,8 @@ from rich.text import Text
 
 from mlhpc.common.errors import MlhpcError, SubmissionError
 from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.html_words import STYLE as WORDS_STYLE
+from mlhpc.common.html_words import keep_words
 from mlhpc.common.printable import shown
 from mlhpc.common.tables import fitted_table
 from mlhpc.common.waiting import say_if_slow
@@ -254,20 +256,36 @@ def compare_command(
     return 0
 
 
-def _plot(entry: dict[str, Any], others: Sequence[dict[str, Any]]) -> Any:
-    """One panel per figure against accelerators per model (log), rounds coloured, the entry a star."""
+def _plot(
+    entry: dict[str, Any], others: Sequence[dict[str, Any]], unlike: frozenset[int] = frozenset()
+) -> Any:
+    """One panel per figure against accelerators per model (log), rounds coloured, the entry a star;
+    the entries of `unlike` ids (other scale or config) hollow, with their own legend entry, so the
+    plot itself says which points are not comparable."""
     from mlhpc.common.plots import pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(FIGURES), figsize=(5 * len(FIGURES), 4.2))
     rounds = sorted({_round(e) for e in others})
+    smoke = entry.get("rcp_verdict") == "smoke"
     for ax, (label, column, _) in zip(axes, FIGURES, strict=True):
         for number, name in enumerate(rounds):
-            points = [
-                (e["accelerators"], e[column]) for e in others if _round(e) == name and _plottable(e, column)
-            ]
-            if points:
-                ax.scatter(*zip(*points, strict=True), label=_label(name), color=f"C{number}", alpha=0.75)
+            for hollow in (False, True):
+                points = [
+                    (e["accelerators"], e[column])
+                    for e in others
+                    if _round(e) == name and _plottable(e, column) and (e["id"] in unlike) == hollow
+                ]
+                if points and hollow:
+                    ax.scatter(
+                        *zip(*points, strict=True), facecolors="none", edgecolors=f"C{number}", linewidths=1.5
+                    )
+                elif points:
+                    ax.scatter(*zip(*points, strict=True), label=_label(name), color=f"C{number}", alpha=0.75)
+        if unlike and any(e["id"] in unlike and _plottable(e, column) for e in others):
+            ax.scatter(
+                [], [], facecolors="none", edgecolors="grey", label="hollow: unlike (other scale or config)"
+            )
         if _plottable(entry, column):
             ax.scatter(
                 [entry["accelerators"]],
@@ -276,7 +294,9 @@ def _plot(entry: dict[str, Any], others: Sequence[dict[str, Any]]) -> Any:
                 s=260,
                 color="red",
                 edgecolor="black",
-                label=_label(f"{entry['system']} (id {entry['id']})"),
+                label=_label(
+                    f"{entry['system']} (id {entry['id']})" + (", smoke config: unlike all" if smoke else "")
+                ),
                 zorder=3,
             )
         ax.set_xscale("log")
@@ -312,11 +332,13 @@ def _e(text: object) -> str:
 PAGE_STYLE = (
     "body{font-family:system-ui,sans-serif;margin:2em;color:#222;overflow-wrap:anywhere}"
     ".wide{max-width:100%;overflow-x:auto}table{border-collapse:collapse}"
-    "td,th{border:1px solid #ccc;padding:.2em .5em;overflow-wrap:anywhere}"
+    "td,th{border:1px solid #ccc;padding:.2em .5em;overflow-wrap:normal;word-break:keep-all}"
+    "th{white-space:nowrap}"
     "tr.mark td{font-weight:bold;background:#fee}tr.unlike td{color:#888}"
     "img,svg{max-width:100%;height:auto}"
 )
-"""Fits a 1200 px window: a table wider than the page scrolls inside its box, the plot shrinks."""
+"""Fits a 1200 px window: a cell wraps between words only (never inside a name or a number), a
+table wider than the page scrolls inside its box, the plot shrinks."""
 
 
 def write_compare_report(
@@ -326,7 +348,8 @@ def write_compare_report(
     `rows`: the published entries shown, each with why it is unlike `entry` (empty: like)."""
     from mlhpc.common.plots import write_png
 
-    png = write_png(_plot(entry, [other for other, _ in rows]), folder / PLOT_NAME)
+    unlike = frozenset(other["id"] for other, reasons in rows if reasons)
+    png = write_png(_plot(entry, [other for other, _ in rows], unlike), folder / PLOT_NAME)
     head = "".join(f"<th>{_e(h)}</th>" for h in (*HEADERS, *HEADERS_MORE, "unlike because"))
     own = "smoke config (mini)" if entry["rcp_verdict"] == "smoke" else "this entry"
     lines = [("mark", [*_row(entry), own])]
@@ -337,9 +360,9 @@ def write_compare_report(
     )
     image = base64.b64encode(png.read_bytes()).decode()
     title = _e(f"{entry_name(entry)} against the published {entry['benchmark']} entries")
-    page = (
+    page = keep_words(  # a cell never breaks a word at its hyphen or slash
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{generator_meta(GENERATOR)}<title>{title}</title>'
-        f"<style>{PAGE_STYLE}</style></head><body><h1>{title}</h1>"
+        f"<style>{PAGE_STYLE}{WORDS_STYLE}</style></head><body><h1>{title}</h1>"
         f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
         f'<p><img alt="comparison plot" src="data:image/png;base64,{image}"></p></body></html>\n'
     )
