@@ -116,7 +116,11 @@ def train_to_target(
     # A worker the OOM killer took is one error (the CLI's resume line), not torch's RuntimeError.
     with worker_death_is_one_error(), run_events.run(log) as run_stop:
         staged = staged or _stage(stage, log, timer, progress)
-        training = _setup(bench, cfg, ctx, log, timer, model, staged, seed=seed, memory_format=memory_format)
+        # the first seed's optimizer imports torch._dynamo: 2 s idle, 10 s busy, said when slow
+        with progress.say_if_slow("setting up the optimizer and the data loaders"):
+            training = _setup(
+                bench, cfg, ctx, log, timer, model, staged, seed=seed, memory_format=memory_format
+            )
         epochs = _train_epochs(training, log, progress, run_started)
         result, samples_seen = _finish(training, cfg, log, epochs, run_started)
         run_stop.update({constants.STATUS: result.status, constants.EPOCH_NUM: epochs.number})

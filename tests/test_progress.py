@@ -25,7 +25,8 @@ def test_a_run_prints_one_plain_line_per_epoch_and_no_mllog(ctx: DistContext, tm
     run_toy(
         make_config(max_epochs=3), ctx, tmp_path / "result_0.txt", progress=Progress(enabled=True, stream=out)
     )
-    lines = out.getvalue().splitlines()
+    # a slow step's note (`mlhpc: setting up ... ...`, on a busy machine) is not an epoch line
+    lines = [line for line in out.getvalue().splitlines() if not line.startswith("mlhpc: ")]
     assert lines[0].startswith("staged ")  # the toy stages nothing, but says so
     assert [line.split()[1] for line in lines[1:]] == ["1/3", "2/3", "3/3"]
     assert all("(target >= 0)" in line or "(target <= 0)" in line for line in lines[1:]), lines
