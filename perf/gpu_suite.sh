@@ -125,7 +125,8 @@ except Exception as e:
 "
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "code: ${MLHPC_CODE_VERSION:-$(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (set MLHPC_CODE_VERSION)')}"
+    # --dirty: the device machine lays the session's tree over an older commit, so a bare hash lies.
+    echo "code: ${MLHPC_CODE_VERSION:-$(git describe --always --dirty 2>/dev/null || echo 'unknown (set MLHPC_CODE_VERSION)')}"
     echo "cpu: $(nproc) cores"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/nvidia-smi: /'
 } >"$work/env.txt"
