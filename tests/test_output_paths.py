@@ -78,6 +78,7 @@ INPUTS = {
     ("results add", "dirs"),
     ("results list", "--db"),
     ("results compare", "--db"),
+    ("status", "out"),  # read only: status writes nothing (tests/test_status.py snapshots it)
 }
 
 
