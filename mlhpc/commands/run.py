@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import signal
 import sys
 import time
@@ -240,10 +242,16 @@ def _run(args: argparse.Namespace) -> int:
 
             raise DataError(f"--data {shown(opts.data)}: {other}")
     if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
-        from mlhpc.common.waiting import say_if_slow
+        from mlhpc.common.waiting import SILENT_S, say_if_slow
 
-        # torch, torchvision and the benchmark's imports: 3 s idle, 20 s on a busy machine
-        with say_if_slow(f"checking the environment for {opts.benchmark} (importing torch)"):
+        # torch, torchvision and the benchmark's imports: 3 s idle, 20 s on a busy machine. Said on
+        # stdout with the run's progress (stderr keeps an error to its one line), by the first rank.
+        first_rank = os.environ.get("RANK", "0") in ("", "0")
+        with say_if_slow(
+            f"checking the environment for {opts.benchmark} (importing torch)",
+            after_s=SILENT_S if first_rank else math.inf,
+            stream=sys.stdout,
+        ):
             check_run_environment(opts, device=not args.dry_run)
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
