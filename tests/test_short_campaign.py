@@ -89,3 +89,15 @@ def test_a_full_entry_passes_without_the_line(tmp_path: Path) -> None:
 def test_the_line_names_the_command_that_finishes_it(scaling: str, expected: str) -> None:
     opts = RunOptions(benchmark="cosmoflow", out=Path("my runs"), overrides=("loop.max_epochs=9",))
     assert short_campaign_line(opts, scaling, 2, 10).startswith(expected)
+
+
+def test_the_slurm_check_jobs_flag_makes_a_short_campaign_exit_0(tmp_path: Path) -> None:
+    """`mlhpc check --short-campaign` (the check job of `mlhpc run --slurm`): 0 on 2 of 5 runs, 1
+    without the flag, and 1 with it when another finding fails."""
+    from mlhpc.cli import main
+
+    org = make_org(tmp_path, 2)
+    assert main(["check", str(org), "--ruleset", "2.0.0", "--short-campaign"]) == 0
+    assert main(["check", str(org), "--ruleset", "2.0.0"]) == 1
+    six = make_org(tmp_path / "six", 6)  # too many runs is never short
+    assert main(["check", str(six), "--ruleset", "2.0.0", "--short-campaign"]) == 1

@@ -141,6 +141,7 @@ def test_check_script_checks_the_submitters_folder(tmp_path: Path) -> None:
         "3.0.0",
     ]
     assert f"--json {g.folder}/check-" in command
+    assert "--short-campaign" in shlex.split(command)  # a 2-seed try's check job is not a failed job
 
 
 GPU_REQUESTS = (

@@ -219,7 +219,8 @@ def _check_job(
 ) -> SlurmJob:
     """The job that checks and scores the submission once every seed job has ended, however it ended."""
     ruleset = plan.settings.ruleset
-    command = [*tools.mlhpc_cmd, "check", str(plan.submitter_dir), "--ruleset", ruleset]
+    # --short-campaign: a 2-seed try is a finished job, not a failed one (issue 40)
+    command = [*tools.mlhpc_cmd, "check", str(plan.submitter_dir), "--ruleset", ruleset, "--short-campaign"]
     report = shlex.quote(str(folder / "check-")) + '"$SLURM_JOB_ID".json'
     return SlurmJob(
         name="check",
