@@ -290,7 +290,8 @@ def test_mlhpc_run_with_a_fifo_in_data_is_one_line_and_prompt(
     ]
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args, "--system", "ci", "--no-check", *size],
+        # a batch the 8 samples hold: a batch an epoch cannot fill is refused before any read
+        [sys.executable, "-m", "mlhpc", *args, "--system", "ci", "--no-check", *size, "loop.global_batch_size=4"],
         capture_output=True,
         text=True,
         timeout=120,

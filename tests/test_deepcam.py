@@ -319,7 +319,8 @@ def test_bad_file_stops_the_cli_with_one_line(small_data: Path, tmp_path: Path, 
     victim = sorted((root / "train").glob("data-*.h5"))[0]
     with h5py.File(victim, "a") as handle:
         handle["climate/labels_0"][0, 0] = -1
+    # a batch the 8 samples hold (mlhpc run refuses a batch an epoch cannot fill, before reading)
     args = ["run", "deepcam", "--data", str(root), "--out", str(tmp_path / "out"), "--no-check", *SMALL]
-    proc = run_mlhpc(args)
+    proc = run_mlhpc([*args, "loop.global_batch_size=8"])
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "class id -1 at pixel (0, 0)" in proc.stderr
