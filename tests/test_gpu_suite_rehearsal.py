@@ -10,6 +10,7 @@ The editable install is hidden honestly: python runs with -S, so no site directo
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -29,8 +30,11 @@ def image_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
     root = tmp_path_factory.mktemp("image")
     site = root / "site"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation"]
+    # from a copy: pip's build/ and egg-info would otherwise be left in the checkout
+    source = root / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", ".whl", "runs"))
     subprocess.run(
-        [*pip, "--no-compile", "--target", str(site), str(REPO)],
+        [*pip, "--no-compile", "--target", str(site), str(source)],
         check=True,
         capture_output=True,
         timeout=600,
