@@ -38,13 +38,21 @@ from mlhpc.staging.manifest import MANIFEST_NAME
 from tests.conftest import cli_env
 
 REPO = Path(__file__).resolve().parents[1]
-DEEPCAM_SMALL = ("data.height=32", "data.width=48", "data.num_train_samples=4", "data.num_eval_samples=2")
+# a batch the 4 samples hold: mlhpc run refuses a batch an epoch cannot fill before any read
+DEEPCAM_SMALL = (
+    "data.height=32",
+    "data.width=48",
+    "data.num_train_samples=4",
+    "data.num_eval_samples=2",
+    "loop.global_batch_size=4",
+)
 WEATHER_SMALL = (
     "data.height=32",
     "data.width=64",
     "data.num_train_samples=4",
     "data.num_eval_samples=2",
     "data.samples_per_file=2",
+    "loop.global_batch_size=4",
 )
 DEEPCAM = load_config(DeepCamConfig, registry.get("deepcam").config_path("mini"), list(DEEPCAM_SMALL))
 WEATHER = load_config(
