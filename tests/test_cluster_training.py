@@ -248,6 +248,26 @@ def test_slurm_campaign_trains_each_seed_with_ddp_across_two_hosts(
     runs = [r for e in report["entries"] for r in e["runs"]]
     assert len(runs) == 2 and all(r["compliant"] for r in runs), runs
     assert errors(report) == ["run-count"]
+    # ... which is a short campaign, not a failed job: the check job ends 0 and says so (issue 40)
+    said = (out / "slurm" / f"check-{jobs['check']}.out").read_text()
+    assert re.search(r"2 of \d+ runs: not yet a scoreable entry", said), said[-2000:]
+    shown = vcluster.exec("login", ["scontrol", "-o", "show", "job", str(jobs["check"])]).stdout
+    assert " ExitCode=0:0 " in f" {shown} ", shown
+
+
+@pytest.mark.slow
+def test_a_two_seed_campaign_under_srun_ends_0_on_every_rank(
+    vcluster: VCluster, target_data: Path, local: str, work: Path
+) -> None:
+    """`srun -N 2 mlhpc run --seeds 2` with its own check: 2 runs are not a score, yet a finished
+    campaign; every rank exits 0 (srun's own status) and rank 0 says what it is (issue 40)."""
+    srun = ["srun", "-N", "2", "-w", ",".join(TWO_HOSTS), "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    command = ["mlhpc", "run", "cosmoflow", "--config", "mini", "--seeds", "2", "--first-seed", "41"]
+    command += ["--out", str(work / "short"), "--data", str(target_data), "--local-dir", local, *TO_TARGET]
+    proc = vcluster.exec("login", [*srun, *command], cwd=work, check=False, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert re.search(r"2 of \d+ runs: not yet a scoreable entry", proc.stdout), proc.stdout[-2000:]
+    assert "srun: error" not in proc.stderr, proc.stderr[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------
