@@ -31,7 +31,7 @@ def load(*overrides: str) -> object:
         ("loop.max_epochz=3", ("no config key 'loop.max_epochz'", "did you mean loop.max_epochs?")),
         ("lop.max_epochs=3", ("no config key 'lop'", "did you mean loop?", "known sections: data, loop")),
         ("loop.max_epochs=x", ("loop.max_epochs='x' has the wrong type",)),
-        ("data.num_workers=-1", ("data.num_workers=-1 must be at least 0",)),
+        ("data.num_workers=-1", ("data.num_workers=-1 must be from 0",)),
         ("loop.max_epochs.x=1", ("loop.max_epochs is a value, not a section",)),
         ("data.loader=foo", ("use one of 'auto', 'torch', 'dali'",)),
     ],
