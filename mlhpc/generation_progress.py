@@ -24,7 +24,8 @@ class GenerationProgress:
 
     def __init__(self, folder: Path, expected: int | None, stream: Any = None) -> None:
         self.folder, self.expected = Path(folder), expected
-        self.stream = stream if stream is not None else sys.stderr
+        # stdout, with the run's other progress: stderr keeps a refusal or a stop to its one line
+        self.stream = stream if stream is not None else sys.stdout
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lines = 0

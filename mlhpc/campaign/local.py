@@ -109,8 +109,10 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
 def check_before_lock(request: CampaignRequest, opts: RunOptions, resolved: ResolvedConfig) -> None:
     """What --out holds now planned (a refusal here is the one the locked plan would make) and a
     given --data checked against the config: refusals that must not leave a lock file, a folder
-    or a campaign file behind. The plan is made again under the lock."""
-    plan_out(request)
+    or a campaign file behind. The plan is made again under the lock. An --index run plans only
+    under the lock: the run it waits for may be mid-plan, and what it sees now is not its answer."""
+    if opts.index is None:
+        plan_out(request)
     if opts.data is not None:
         resolved.benchmark.validate_dataset(resolved.cfg, opts.data)
 
