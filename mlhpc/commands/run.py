@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import os
 import signal
 import sys
@@ -242,16 +242,13 @@ def _run(args: argparse.Namespace) -> int:
 
             raise DataError(f"--data {shown(opts.data)}: {other}")
     if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
-        from mlhpc.common.waiting import SILENT_S, say_if_slow
+        from mlhpc.common.waiting import say_if_slow
 
         # torch, torchvision and the benchmark's imports: 3 s idle, 20 s on a busy machine. Said on
         # stdout with the run's progress (stderr keeps an error to its one line), by the first rank.
         first_rank = os.environ.get("RANK", "0") in ("", "0")
-        with say_if_slow(
-            f"checking the environment for {opts.benchmark} (importing torch)",
-            after_s=SILENT_S if first_rank else math.inf,
-            stream=sys.stdout,
-        ):
+        what = f"checking the environment for {opts.benchmark} (importing torch)"
+        with say_if_slow(what, stream=sys.stdout) if first_rank else contextlib.nullcontext():
             check_run_environment(opts, device=not args.dry_run)
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
