@@ -101,7 +101,10 @@ def _check_watts(r: PowerRecord, kind: str) -> None:
     low, high = (MIN_NODE_WATTS, MAX_NODE_WATTS) if kind == "node" else (0.0, MAX_WATTS)
     if not low <= watts <= high:
         unit = "a node" if kind == "node" else "an interconnect estimate"
-        raise _impossible(r, f"{r.key} of {watts!r} W is outside {low:g}..{high:g} W, which {unit} draws")
+        sign = "a negative " if watts < 0 else ""  # the commonest forgery, named as such
+        raise _impossible(
+            r, f"{sign}{r.key} of {watts!r} W is outside {low:g}..{high:g} W, which {unit} draws"
+        )
 
 
 def check_possible(records: Sequence[PowerRecord], kind: str = "node") -> None:
