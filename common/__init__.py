@@ -1,5 +1,12 @@
-"""Shared runtime: errors, config, distributed context, MLLOG, registry and the time-to-train loop.
+"""The shared ground floor, in rooms; the words every room uses lie at its top.
 
-Importing this package does not import torch, so the staging layer and the submission checker
-can use its torch-free modules (errors, layout) on a login node.
+    errors, printable, vocabulary, log_keys, layout   the words: import nothing of common/
+    safeio/    reading and writing what others made          -> the words
+    cluster/   launchers, the process group, who answers     -> the words
+    contract/  the benchmark catalog, registry and configs   -> the words, cluster
+    display/   tables, figures, slow-step notes, log records -> the words, safeio, cluster
+    training/  the one time-to-train loop                    -> every room above
+
+tests/test_import_rules.py holds these arrows. Importing this package does not import torch, so
+staging and the submission checker use its torch-free modules on a login node.
 """

@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from mlhpc.common import catalog
-
 Scaling = Literal["strong", "weak"]
 SCALINGS: tuple[Scaling, ...] = ("strong", "weak")
 
@@ -31,21 +29,6 @@ SYSTEM_REQUIRED_FIELDS: tuple[str, ...] = (
     "hw_notes",
     "sw_notes",
 )
-
-
-def required_run_count(benchmark: str) -> int | None:
-    """Runs a strong-scaling score needs (weak: at least this many models); None if unknown.
-
-    The MLPerf HPC benchmarks' counts (cosmoflow 10, deepcam 5, oc20 5, openfold 10) are
-    mlperf_logging's, as the official checker's; the others' come from the catalog.
-    """
-    from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
-
-    official = _ALL_RESULT_FILE_COUNTS["hpc"].get(benchmark)
-    if official is not None:
-        return official
-    found = catalog.find(benchmark)
-    return None if found is None else found.strong_run_count
 
 
 def system_json_path(submitter_dir: Path, system: str) -> Path:

@@ -5,7 +5,7 @@ FLOPS_PER_SAMPLE = "flops_per_sample"
 """Forward + backward FLOPs of one training sample."""
 ACHIEVED_FLOPS = "achieved_flops_per_s"
 """Training FLOPs over forward + backward time, summed over ranks (a compute rate; HPC AI500's
-FLOPS is over the run's time, common/hpc_ai500.py)."""
+FLOPS is over the run's time, submission_checker/hpc_ai500.py)."""
 VALID_FLOPS = "valid_flops"
 """HPC AI500's Valid FLOPS: FLOPS over the run's time x (achieved quality / target quality)^n."""
 VFLOPS_EXPONENT = "vflops_exponent"

@@ -26,10 +26,7 @@ from mlhpc.commands import (
     variability,
     verify,
 )
-from mlhpc.common.debug_log import configure_console
-from mlhpc.common.errors import MlhpcError
-from mlhpc.common.printable import shown
-from mlhpc.common.termination import (
+from mlhpc.common.cluster.termination import (
     WORKER_KILLED_EXIT,
     Terminated,
     WorkerKilled,
@@ -38,6 +35,9 @@ from mlhpc.common.termination import (
     sigterm_raises,
     worker_death_line,
 )
+from mlhpc.common.display.debug_log import configure_console
+from mlhpc.common.errors import MlhpcError
+from mlhpc.common.printable import shown
 
 # Every subcommand, in `mlhpc --help`'s order. Each module's add_parser(sub, command) adds its
 # options (the heavy ones only when `command` is it) and sets handler=_<name>.

@@ -121,7 +121,7 @@ def check_module(name: str) -> str:
 def check_benchmark(name: str, cfg: Any = None) -> list[str]:
     """What benchmark `name` imports, its functions bound (registry.get: any exception from its
     import is one line) and, where `cfg` asks for data.loader=dali, DALI."""
-    from mlhpc.common import registry
+    from mlhpc.common.contract import registry
 
     lines = [check_module(module) for module in NEEDS.get(name, ())]
     try:
@@ -135,7 +135,7 @@ def check_benchmark(name: str, cfg: Any = None) -> list[str]:
     lines.append(f"{name}: its functions load")
     loader = getattr(getattr(cfg, "data", None), "loader", None)
     if loader == "dali":
-        from mlhpc.common.dali import import_dali
+        from mlhpc.common.training.dali import import_dali
 
         try:
             import_dali()

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc import __version__
-from mlhpc.common.datasets import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.common.errors import DataError, MlhpcError
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.locks import LOCK_NAME, folder_lock
-from mlhpc.common.safe_read import read_bytes
+from mlhpc.common.safeio.datasets import DATASET_COMPLETE, DATASET_GENERATING
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.locks import LOCK_NAME, folder_lock
+from mlhpc.common.safeio.safe_read import read_bytes
 from mlhpc.dataset_size import dataset_bytes, human_size
 from mlhpc.generation_progress import GenerationProgress, folder_bytes
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest

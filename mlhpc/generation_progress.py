@@ -67,7 +67,7 @@ class GenerationProgress:
 
 def progress_text(written: int, expected: int, elapsed_s: float) -> str:
     """`generating: 1.2 GB of 9.9 TB (0 %), 2:13:05 left` (no estimate before any bytes)."""
-    from mlhpc.common.progress import clock
+    from mlhpc.common.training.progress import clock
 
     share = min(written / expected, 1.0) if expected > 0 else 1.0
     left = f", {clock(elapsed_s * (1 - share) / share)} left" if share > 0 else ""

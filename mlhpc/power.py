@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from mlhpc.common import safe_read
+from mlhpc.common.cluster.launch import host_label
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.fileio import current_umask
-from mlhpc.common.launch import host_label
+from mlhpc.common.safeio import safe_read
+from mlhpc.common.safeio.fileio import current_umask
 
 POWERCAP_ROOT = Path("/sys/class/powercap")
 POWERCAP_ENV = "MLHPC_POWERCAP_ROOT"

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.errors import SubmissionError
-from mlhpc.common.fileio import atomic_write_json
-from mlhpc.common.safe_json import load_file
+from mlhpc.common.safeio.fileio import atomic_write_json
+from mlhpc.common.safeio.safe_json import load_file
 
 # The fields a run's logs and results depend on: an existing file must agree with the run.
 RUN_FIELDS: dict[str, str] = {

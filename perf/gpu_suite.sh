@@ -96,13 +96,13 @@ install_project() {
 }
 
 # 0. preflight: an installed mlhpc (never the repo's folder), its dependencies, the GPU, NVML.
-if ! $PY -c "import importlib.util as u; u.find_spec('mlhpc.common.loop') or exit(1)" >/dev/null 2>&1; then
+if ! $PY -c "import importlib.util as u; u.find_spec('mlhpc.common.training.loop') or exit(1)" >/dev/null 2>&1; then
     install_project || exit 1
 fi
 preflight="
 import importlib.util, sys
 try:
-    import mlhpc, mlhpc.common.loop, mlhpc.benchmarks, mlperf_logging
+    import mlhpc, mlhpc.common.training.loop, mlhpc.benchmarks, mlperf_logging
 except Exception as e:
     spec = importlib.util.find_spec('mlhpc')
     sys.exit(f'mlhpc does not import: {type(e).__name__}: {e} (mlhpc found at {spec.origin if spec else None}; '

@@ -5,7 +5,7 @@ settings, in one run.
 
 Settings, each a whole `mlhpc run cosmoflow --config mini --seeds 1` process on one dataset:
 - `torch`: torch's own defaults, one thread per core each spinning ~300,000 iterations at every
-  barrier (what mlhpc did before common/threads; `MLHPC_THREADS=torch GOMP_SPINCOUNT=300000`);
+  barrier (what mlhpc did before common/cluster/threads; `MLHPC_THREADS=torch GOMP_SPINCOUNT=300000`);
 - `omp1`: `OMP_NUM_THREADS=1`, the workaround a user would reach for;
 - `mlhpc`: nothing set: mlhpc's choice (threads from the CPUs it may use, a short spin).
 

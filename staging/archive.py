@@ -5,7 +5,7 @@ An archive is one stream, so one rank per node extracts it. Its manifest is a si
 without one, checksums are computed from the extracted bytes.
 
 Nothing in an archive is trusted (as with `tarfile.data_filter`): member names and link targets
-go through `common/safepath` (`check_member`, here); `extract` writes the members, never through
+go through `common/safeio/safepath` (`check_member`, here); `extract` writes the members, never through
 a symlink, links last and judged where they really land; the stream itself is read through
 `archive_stream`, which fails the whole archive in one line naming the byte where it is damaged.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import xxhash
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.safepath import link_target, relative_path
+from mlhpc.common.safeio.safepath import link_target, relative_path
 from mlhpc.staging.archive_stream import open_archive
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
 from mlhpc.staging.origin import open_regular

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.safepath import landing
+from mlhpc.common.safeio.safepath import landing
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, new_hasher
 from mlhpc.staging.origin import changed_while_copied, open_regular, recorded_identity
 from mlhpc.staging.sink import FILE_MODE_BITS, Staged, checked_dirs, partial_name, write_error

@@ -14,8 +14,8 @@ import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from mlhpc.common.cluster.launch import NodeLayout
 from mlhpc.common.errors import StagingError
-from mlhpc.common.launch import NodeLayout
 from mlhpc.staging.plan import Topology
 
 log = logging.getLogger(__name__)

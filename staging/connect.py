@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from mlhpc.common.launch import LaunchInfo, detect_launch
+from mlhpc.common.cluster.launch import LaunchInfo, detect_launch
 from mlhpc.staging.comm import CallbackComm, Communicator, mpi_available
 
 if TYPE_CHECKING:
-    from mlhpc.common.distributed import DistContext
+    from mlhpc.common.cluster.distributed import DistContext
 
 CommKind = Literal["auto", "torch", "mpi"]
 

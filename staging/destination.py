@@ -16,11 +16,11 @@ import stat
 from contextlib import ExitStack
 from pathlib import Path
 
-from mlhpc.common.datasets import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.common.errors import MlhpcError, StagingError
-from mlhpc.common.locks import LOCK_NAME, FolderBusy, folder_lock
-from mlhpc.common.safe_read import read_bytes
-from mlhpc.common.safepath import inside
+from mlhpc.common.safeio.datasets import DATASET_COMPLETE, DATASET_GENERATING
+from mlhpc.common.safeio.locks import LOCK_NAME, FolderBusy, folder_lock
+from mlhpc.common.safeio.safe_read import read_bytes
+from mlhpc.common.safeio.safepath import inside
 from mlhpc.staging.comm import Communicator, agree
 from mlhpc.staging.journal import JOURNAL_PREFIX
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE

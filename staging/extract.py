@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.safepath import inside, landing, relative_path
+from mlhpc.common.safeio.safepath import inside, landing, relative_path
 from mlhpc.staging.archive import check_member
 from mlhpc.staging.archive_stream import CorruptArchiveError, open_archive
 from mlhpc.staging.journal import already_staged, journal

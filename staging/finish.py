@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.safepath import landing
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.safepath import landing
 from mlhpc.staging.comm import Communicator, agree
 from mlhpc.staging.destination import STAGED_MARKER, destination_error, folder_mode, run_tokens
 from mlhpc.staging.execute import Work

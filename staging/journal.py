@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import safe_json
 from mlhpc.common.errors import StagingError
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.safe_read import read_bytes
-from mlhpc.common.safepath import relative_path
+from mlhpc.common.safeio import safe_json
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.safe_read import read_bytes
+from mlhpc.common.safeio.safepath import relative_path
 from mlhpc.staging.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest, hash_file
 from mlhpc.staging.sink import SinkOptions, Staged, staged_path, write_error
 

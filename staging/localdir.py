@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import safe_json
-from mlhpc.common.fileio import atomic_write_text
+from mlhpc.common.cluster.termination import signals_held
 from mlhpc.common.printable import shown
-from mlhpc.common.safe_read import read_bytes_stat
-from mlhpc.common.termination import signals_held
+from mlhpc.common.safeio import safe_json
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.safe_read import read_bytes_stat
 
 LOCAL_DIR_VARIABLE = "MLHPC_LOCAL_DIR"
 # Node-local scratch that schedulers and sites export, in order of preference.

@@ -20,10 +20,10 @@ from typing import Any
 
 import xxhash
 
-from mlhpc.common import safe_json
 from mlhpc.common.errors import StagingError
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.safepath import relative_path
+from mlhpc.common.safeio import safe_json
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.safepath import relative_path
 from mlhpc.staging.origin import SOURCE_FIX, not_regular, open_regular
 
 MANIFEST_NAME = "mlhpc_manifest.json"
@@ -166,8 +166,8 @@ def _refuse_hdf5_reaching_out(path: Path) -> None:
     """An HDF5 file whose data lives in other files (external storage, virtual datasets,
     external links) is refused here as every reader refuses it (`datasets.open_h5`): a manifest
     would otherwise vouch for a sample whose bytes it never hashed."""
-    from mlhpc.common.datasets import open_h5
     from mlhpc.common.errors import DataError
+    from mlhpc.common.safeio.datasets import open_h5
 
     try:
         open_h5(path).close()

@@ -8,8 +8,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from mlhpc.common.cluster.launch import NodeLayout, node_layout, uniform_layout
 from mlhpc.common.errors import StagingError
-from mlhpc.common.launch import NodeLayout, node_layout, uniform_layout
 from mlhpc.staging.comm import topology_of
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.safepath import landing
+from mlhpc.common.safeio.safepath import landing
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, new_hasher
 
 ALIGN = 4096

@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.fileio import current_umask
+from mlhpc.common.safeio.fileio import current_umask
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.destination import agree_destination, lock_destination, refuse_overlap

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlhpc.common import safe_json
 from mlhpc.common.errors import StagingError
+from mlhpc.common.safeio import safe_json
 from mlhpc.staging import archive as archives
 from mlhpc.staging.destination import STAGED_MARKER
 from mlhpc.staging.journal import read_sources

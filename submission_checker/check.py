@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlhpc.common.contract.catalog import required_run_count
 from mlhpc.common.errors import SubmissionError
-from mlhpc.common.layout import required_run_count
 
 from .claims import check_logs_against_system, check_scale_claim
 from .compliance import DEFAULT_RULESET, LogAnalysis, analyse_logs, known_rulesets, refusal, validate_ruleset

@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mlhpc.common.display.waiting import say_if_slow
 from mlhpc.common.errors import MlhpcError
-from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.printable import shown
-from mlhpc.common.waiting import say_if_slow
-from mlhpc.common.writable import csv_kind, json_kind, page_kind, refuse_output_over_inputs
+from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
+from mlhpc.common.safeio.writable import csv_kind, json_kind, page_kind, refuse_output_over_inputs
 
 from .check import check_submission
 from .export import COLUMNS, report_csv
@@ -247,7 +247,7 @@ def check_command(
 def runs_short(report: CheckReport) -> tuple[int, int] | None:
     """(found, required) when the report's only errors are one entry's too few runs (and, weak,
     the score those few cannot make); None when anything else failed, or too many runs."""
-    from mlhpc.common.layout import required_run_count
+    from mlhpc.common.contract.catalog import required_run_count
 
     if any(f.severity == "error" for f in report.findings) or len(report.entries) != 1:
         return None

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import catalog, safe_read
+from mlhpc.common.contract import catalog
 from mlhpc.common.errors import SubmissionError
+from mlhpc.common.safeio import safe_read
 from mlhpc.common.vocabulary import DEFAULT_RULESET as DEFAULT_RULESET  # the checker's name for it
 
 from .logparse import RunLog, find_line, parse_log

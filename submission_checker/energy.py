@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import safe_read
+from mlhpc.common.safeio import safe_read
 
 from .findings import RULE_ENERGY, RULE_IMPOSSIBLE, Finding, error, warning
 from .logparse import TOKEN, decode_mllog

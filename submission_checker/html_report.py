@@ -12,11 +12,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.html_words import STYLE as WORDS_STYLE
-from mlhpc.common.html_words import keep_words
+from mlhpc.common.display.html_words import STYLE as WORDS_STYLE
+from mlhpc.common.display.html_words import keep_words
 from mlhpc.common.printable import shown
-from mlhpc.common.writable import generator_meta
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.writable import generator_meta
 
 from .energy import J_PER_KWH
 from .findings import Finding

@@ -10,15 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import catalog, safe_json, safe_read
+from mlhpc.common.contract import catalog
+from mlhpc.common.contract.catalog import required_run_count
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import (
     SCALINGS,
     SYSTEM_REQUIRED_FIELDS,
     Scaling,
-    required_run_count,
     system_json_path,
 )
+from mlhpc.common.safeio import safe_json, safe_read
 from mlhpc.common.vocabulary import DIVISIONS
 
 from .findings import (

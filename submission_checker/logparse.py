@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import safe_read
 from mlhpc.common.log_keys import ACHIEVED_FLOPS, FLOPS_PER_SAMPLE, LOOP_MODE, VALID_FLOPS, VFLOPS_EXPONENT
+from mlhpc.common.safeio import safe_read
 
 from .rcp import RcpRead, RcpReader
 

@@ -11,7 +11,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlhpc.common import catalog, safe_json
+from mlhpc.common.contract import catalog
+from mlhpc.common.safeio import safe_json
 
 from .compliance import LogAnalysis
 from .findings import RULE_RCP, RULE_SCALING_JSON, Finding, warning

@@ -1,7 +1,7 @@
 """Pure scoring functions, as `mlperf_logging.result_summarizer` computes HPC scores.
 
 None of them changes its inputs or touches the file system (HPC AI500's target excepted: it is read
-once from the benchmark's rule file, `common/hpc_ai500.py`). The RCP scaling factor (from
+once from the benchmark's rule file, `submission_checker/hpc_ai500.py`). The RCP scaling factor (from
 `rcp.check_rcp`) is applied in `apply_scaling_factor`.
 """
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 # HPC AI500's formulas and target live in common/, beside the benchmark that logs the same score.
-from mlhpc.common.hpc_ai500 import run_flops
-from mlhpc.common.hpc_ai500 import target as hpc_ai500_target
-from mlhpc.common.hpc_ai500 import valid_flops as valid_flops_penalty
+from mlhpc.submission_checker.hpc_ai500 import run_flops
+from mlhpc.submission_checker.hpc_ai500 import target as hpc_ai500_target
+from mlhpc.submission_checker.hpc_ai500 import valid_flops as valid_flops_penalty
 
 if TYPE_CHECKING:
     from .logparse import RunLog

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.vcluster_fixture"]  # the session's virtual Slurm cluster (fixture `vcluster`)
@@ -114,7 +114,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 _HOLD_LOCK = """
 import sys
 from pathlib import Path
-from mlhpc.common.locks import folder_lock
+from mlhpc.common.safeio.locks import folder_lock
 with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
     print("held", flush=True)
     sys.stdin.read()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc.campaign.resume import finished_runs
-from mlhpc.common.timing import PHASES
+from mlhpc.common.training.timing import PHASES
 from mlhpc.submission_checker.check import check_submission
 from mlhpc.submission_checker.compliance import analyse_logs
 from mlhpc.submission_checker.scoring import RunTiming, weak_score

@@ -194,7 +194,7 @@ def test_default_system_name_is_the_hardware_not_the_host(monkeypatch: pytest.Mo
 
     import torch
 
-    from mlhpc.common.distributed import DistContext
+    from mlhpc.common.cluster.distributed import DistContext
     from mlhpc.system_desc import hardware_slug, stable_system_name
 
     assert hardware_slug("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "cpu", 2) == (

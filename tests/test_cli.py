@@ -9,7 +9,7 @@ import pytest
 
 from mlhpc import __version__
 from mlhpc.cli import main
-from mlhpc.common.mllogger import MLLog
+from mlhpc.common.training.mllogger import MLLog
 
 SAMPLE = Path(__file__).parent / "data" / "hpc_v2.0_helmholtzai" / "HelmholtzAI"
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.common.liveness import LISTEN_S, STORE_TIMEOUT_S
+from mlhpc.common.cluster.liveness import LISTEN_S, STORE_TIMEOUT_S
 from tests.conftest import cli_env, dataset_files
 from tests.vcluster_fixture import (
     VCLUSTER,
@@ -213,7 +213,7 @@ def no_traceback(*texts: str) -> None:
 
 def held_locks(folder: Path) -> list[Path]:
     """The mlhpc lock files under `folder` that some process still holds (the files themselves
-    stay by design: common/locks.py)."""
+    stay by design: common/safeio/locks.py)."""
     held = []
     for lock in folder.rglob(".mlhpc.lock"):
         fd = os.open(lock, os.O_RDWR)

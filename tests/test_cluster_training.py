@@ -5,7 +5,7 @@ mpirun inside a Slurm allocation, Horovod under srun.
 
 How a test knows the ranks sat on different hosts, not on one:
 - the MLLOG `number_of_nodes` and `systems/<system>.json`'s come from the ranks' host names
-  (gathered at init, `common/launch.node_layout`; under Horovod, from MPI's ranks per host):
+  (gathered at init, `common/cluster/launch.node_layout`; under Horovod, from MPI's ranks per host):
   two ranks on one host log 1;
 - each node's switch port counts the bytes the node sent (`ip -s link` in the switch's
   namespace): at least one model's worth of gradients a training step (DDP all-reduces every
@@ -33,8 +33,8 @@ import pytest
 
 from mlhpc.benchmarks.cosmoflow import data as cosmo_data_module
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 from tests.conftest import mllog_events
 from tests.vcluster_fixture import VCluster
 
@@ -177,7 +177,7 @@ def assert_trained_across(
 )
 def test_the_rendezvous_host_is_the_first_scontrol_names(vcluster: VCluster, nodelist: str) -> None:
     """An srun step's rank 0 sits on its node list's first host, where the others look for it."""
-    from mlhpc.common.launch import first_slurm_host
+    from mlhpc.common.cluster.launch import first_slurm_host
 
     expanded = vcluster.exec("login", ["scontrol", "show", "hostnames", nodelist]).stdout.split()
     assert first_slurm_host(nodelist) == expanded[0]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config, parse_overrides, to_dict
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config, parse_overrides, to_dict
 from mlhpc.common.errors import ConfigError
 
 

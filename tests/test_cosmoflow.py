@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mlhpc.benchmarks.cosmoflow import data, model, train
-from mlhpc.common.distributed import init_distributed
+from mlhpc.common.cluster.distributed import init_distributed
 from mlhpc.common.errors import DataError
 
 

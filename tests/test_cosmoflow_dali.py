@@ -13,10 +13,10 @@ pytest.importorskip("nvidia.dali", reason="nvidia-dali is not installed (pip ins
 
 from mlhpc.benchmarks.cosmoflow import data
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common.config import load_config
-from mlhpc.common.distributed import DistContext, init_distributed
+from mlhpc.common.cluster.distributed import DistContext, init_distributed
+from mlhpc.common.cluster.launch import detect_launch
+from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError, DataError
-from mlhpc.common.launch import detect_launch
 
 pytestmark = pytest.mark.dali
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
-from mlhpc.common import registry
-from mlhpc.common.config import MAX_YAML_DEPTH, load_config, parse_overrides
+from mlhpc.common.cluster.threads import count_bound, explicit_choice
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import MAX_YAML_DEPTH, load_config, parse_overrides
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.threads import count_bound, explicit_choice
 from mlhpc.dataset_size import MAX_SIZE_BYTES, parse_size
 from tests.conftest import cli_env
 

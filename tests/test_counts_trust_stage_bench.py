@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlhpc.common.cluster.threads import count_bound
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.threads import count_bound
 from mlhpc.staging.localdir import STAGE_OWNER
 from mlhpc.staging.study import space
 from tests.conftest import cli_env

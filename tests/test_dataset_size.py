@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.common import catalog
-from mlhpc.common.config import load_config
+from mlhpc.common.contract import catalog
+from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import DataError
 from mlhpc.dataset_size import dataset_bytes, human_size, parse_size
 from mlhpc.generation import ASK_ABOVE_BYTES, SizeCheck, check_room, generate_dataset

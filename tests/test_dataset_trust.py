@@ -29,10 +29,10 @@ from mlhpc.benchmarks.deepcam import data as deepcam
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.extreme_weather import data as weather
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
-from mlhpc.common.datasets import open_h5, open_sample
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import DataError
+from mlhpc.common.safeio.datasets import open_h5, open_sample
 from tests.conftest import cli_env
 
 SETTINGS = settings(
@@ -311,7 +311,7 @@ def test_a_sample_damaged_after_validation_is_one_line_from_a_worker(
 ) -> None:
     """Torch re-raises a worker's error as "Caught DataError in DataLoader worker process 0." and
     its traceback; the line shown must still be the worker's own, naming the file."""
-    from mlhpc.common.distributed import init_distributed
+    from mlhpc.common.cluster.distributed import init_distributed
 
     module = BENCHMARKS[name][0]
     cfg = _cfg(name, "data.num_workers=1", "loop.global_batch_size=2")

@@ -15,11 +15,11 @@ import yaml
 
 from mlhpc.benchmarks.deepcam import data, model, synthetic, train
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
-from mlhpc.common.distributed import init_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import DataError
-from mlhpc.common.schedules import WarmupSchedule
+from mlhpc.common.training.schedules import WarmupSchedule
 
 # DeepLabv3_plus(n_input=16, n_classes=3, os=16) of mlcommons/hpc deepcam/src/deepCam/architecture/
 # deeplab_xception.py, counted with that code: sum(p.numel() for p in net.parameters()).

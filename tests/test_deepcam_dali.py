@@ -13,9 +13,9 @@ pytest.importorskip("nvidia.dali", reason="nvidia-dali is not installed (pip ins
 
 from mlhpc.benchmarks.deepcam import data
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
-from mlhpc.common.distributed import DistContext, init_distributed
+from mlhpc.common.cluster.distributed import DistContext, init_distributed
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 
 pytestmark = pytest.mark.dali
 

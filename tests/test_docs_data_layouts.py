@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.common.data_kinds import MAX_LISTED, hint, layout_of, other_layout
+from mlhpc.common.contract.data_kinds import MAX_LISTED, hint, layout_of, other_layout
 
 LAYOUTS = {
     "cosmoflow": ["train/files_data.lst", "train/a_data.npy", "train/a_label.npy"],

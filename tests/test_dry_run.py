@@ -173,7 +173,7 @@ def write_finished_log(path: Path, seed: int) -> None:
 def cpu_context(world_size: int = 1) -> Any:
     import torch
 
-    from mlhpc.common.distributed import DistContext
+    from mlhpc.common.cluster.distributed import DistContext
 
     return DistContext(
         rank=0,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc.cli import main
-from mlhpc.common import catalog
+from mlhpc.common.contract import catalog
 
 CONFIGS = [
     (name, path.stem)

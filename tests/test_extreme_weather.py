@@ -12,12 +12,13 @@ import torch
 
 from mlhpc.benchmarks.extreme_weather import data, evaluation, synthetic, train
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
-from mlhpc.common import hpc_ai500, registry
-from mlhpc.common.config import load_config
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.catalog import required_run_count
+from mlhpc.common.contract.config import load_config
+from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import ConfigError, DataError
-from mlhpc.common.layout import required_run_count
-from mlhpc.common.registry import DataBundle
+from mlhpc.submission_checker import hpc_ai500
 
 SMALL = ["data.height=64", "data.width=96", "data.num_train_samples=12", "data.num_eval_samples=4"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.common import catalog
+from mlhpc.common.contract import catalog
 from mlhpc.submission_checker.logparse import parse_log
 from mlhpc.submission_checker.scoring import fixed_epoch_score
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mlhpc.common import catalog
+from mlhpc.common.contract import catalog
 from mlhpc.submission_checker.compliance import analyse_log, own_rules
 
 from .conftest import official_compliance

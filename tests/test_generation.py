@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mlhpc.cli import main
 from mlhpc.common.errors import DataError
-from mlhpc.common.locks import LOCK_NAME
+from mlhpc.common.safeio.locks import LOCK_NAME
 from mlhpc.generation import DATASET_COMPLETE, DATASET_GENERATING, generate_dataset
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest
 
@@ -26,7 +26,7 @@ def write_two(folder: Path) -> None:
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file but the generator's lock file (it stays; see common/locks)."""
+    """Every file but the generator's lock file (it stays; see common/safeio/locks)."""
     files = (p for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME)
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in files}
 
@@ -194,7 +194,7 @@ def test_mlhpc_generate_twice_replaces_its_own_data_and_refuses_a_users_folder(
 GENERATING_ELSEWHERE = """
 import sys
 from pathlib import Path
-from mlhpc.common.locks import folder_lock
+from mlhpc.common.safeio.locks import folder_lock
 data = Path(sys.argv[1])
 with folder_lock(data, "generating a dataset", "wait"):
     (data / ".mlhpc_generating").write_text("being generated token " + "a" * 32)
@@ -208,7 +208,7 @@ with folder_lock(data, "generating a dataset", "wait"):
 def test_a_generation_under_way_in_another_process_is_refused_not_removed(tmp_path: Path) -> None:
     """Two generators into one folder: the second used to take the first's half-written files
     for a killed generation's and remove them under it."""
-    from mlhpc.common.locks import FolderBusy
+    from mlhpc.common.safeio.locks import FolderBusy
     from tests.conftest import held_by_another_process
 
     data = tmp_path / "data"

@@ -19,8 +19,8 @@ import pytest
 
 from mlhpc.benchmarks.cosmoflow import data as cosmo_data_module
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 from tests.conftest import cli_env, mllog_events
 
 PYTHON = sys.executable
@@ -158,11 +158,11 @@ FP16_RANK = """
 import dataclasses, hashlib, json, sys
 from pathlib import Path
 import torch
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
-from mlhpc.common.distributed import init_distributed
-from mlhpc.common.loop import StagedData, SubmissionInfo, train_to_target
-from mlhpc.common.mllogger import MLLog
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.training.loop import StagedData, SubmissionInfo, train_to_target
+from mlhpc.common.training.mllogger import MLLog
 
 data, out, *overrides = sys.argv[1:]
 ctx = init_distributed("horovod", "cpu")

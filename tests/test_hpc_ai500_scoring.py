@@ -163,7 +163,7 @@ def test_variability_reports_the_valid_flops_of_fixed_epoch_runs(tmp_path: Path)
 
 
 def test_report_gives_run_flops_over_run_time_and_the_valid_flops(tmp_path: Path) -> None:
-    from mlhpc.common.timing import PHASES, Breakdown
+    from mlhpc.common.training.timing import PHASES, Breakdown
     from mlhpc.results.report import read_breakdowns, report_csv
 
     _fixed_epoch_org(tmp_path)

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from mlhpc.benchmarks.extreme_weather import train
-from mlhpc.common import catalog, hpc_ai500, registry
-from mlhpc.common.config import load_config
-from mlhpc.common.distributed import init_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.contract import catalog, registry
+from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.loop import RunResult
+from mlhpc.common.training.loop import RunResult
+from mlhpc.submission_checker import hpc_ai500
 from mlhpc.submission_checker.logparse import parse_log
 from mlhpc.submission_checker.scoring import fixed_epoch_score, log_fixed_epoch_score
 

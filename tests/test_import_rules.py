@@ -58,7 +58,7 @@ def test_the_static_rule_sees_each_kind_of_import() -> None:
         "from mlhpc.cli import main\n"
         "from .. import commands\n"
         "def f():\n    importlib.import_module('mlhpc.benchmarks')\n"
-        "from mlhpc.common import catalog\n"
+        "from mlhpc.common.contract import catalog\n"
         "from .errors import ConfigError\n"
     )
     found = imported_modules(source, "mlhpc.common")
@@ -74,6 +74,54 @@ def test_common_imports_neither_the_benchmarks_nor_the_cli() -> None:
             if forbidden(module):
                 broken.append(f"{path.relative_to(REPO)}:{line} imports {module}")
     assert not broken, broken
+
+
+# The rooms of common/ and the rooms each may import (common/__init__.py draws them). The words at
+# the top ("") import nothing of common/.
+ROOM_ARROWS: dict[str, set[str]] = {
+    "": set(),
+    "safeio": {""},
+    "cluster": {""},
+    "contract": {"", "cluster"},
+    "display": {"", "safeio", "cluster"},
+    "training": {"", "safeio", "cluster", "contract", "display"},
+}
+
+
+def room_of(module: str) -> str | None:
+    """The room of an `mlhpc.common...` module ("" for the words at the top), None outside."""
+    parts = module.split(".")
+    if parts[:2] != ["mlhpc", "common"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ROOM_ARROWS else ""
+
+
+def arrows_broken(folder: Path) -> list[str]:
+    """Each `file:line imports X` under the common/ `folder` that its room may not import."""
+    broken = []
+    for path in sorted(folder.rglob("*.py")):
+        package = ".".join(["mlhpc", "common", *path.relative_to(folder).parent.parts])
+        room = room_of(f"{package}.{path.stem}")
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
+            target = room_of(module)
+            if module == "mlhpc.common" or target is None or target == room:
+                continue
+            if target not in ROOM_ARROWS[room]:
+                broken.append(f"{path.relative_to(folder)}:{line} ({room or 'top'}) imports {module}")
+    return broken
+
+
+def test_each_room_of_common_imports_only_the_rooms_below_it(tmp_path: Path) -> None:
+    rooms = {p.name for p in (REPO / "common").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(ROOM_ARROWS) - {""}, "a room not in ROOM_ARROWS: draw its arrows"
+    for room in rooms:
+        assert (REPO / "common" / room / "__init__.py").read_text().startswith('"""'), room
+    assert arrows_broken(REPO / "common") == []
+    # The rule sees an arrow upward and one from the words at the top.
+    (tmp_path / "safeio").mkdir()
+    (tmp_path / "safeio" / "bad.py").write_text("from mlhpc.common.training.loop import run\n")
+    (tmp_path / "words.py").write_text("from mlhpc.common.contract import catalog\n")
+    assert len(arrows_broken(tmp_path)) == 2
 
 
 def imports_of_the_cli(folder: Path, package: str) -> list[str]:
@@ -203,9 +251,9 @@ def test_the_torch_communicator_is_the_staging_module_exempt_by_name() -> None:
 
 _CATALOG_USE = """
 import json, sys
-from mlhpc.common import catalog, registry
-from mlhpc.common.config import load_config
-from mlhpc.common.layout import required_run_count
+from mlhpc.common.contract import catalog, registry
+from mlhpc.common.contract.config import load_config
+from mlhpc.common.contract.catalog import required_run_count
 from mlhpc.submission_checker.compliance import own_rules
 from mlhpc.submission_checker.layout_checks import known_benchmarks
 seen = {}

@@ -19,8 +19,8 @@ from .conftest import cli_env
 RANKS = """
 import json, sys
 from pathlib import Path
-from mlhpc.common.distributed import init_distributed, shutdown_distributed
-from mlhpc.common.launch import node_layout
+from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.launch import node_layout
 ctx = init_distributed("auto", "cpu")
 same = ctx.split(1)
 ctx.layout = node_layout(["a", "b"], ctx.rank)

@@ -12,8 +12,8 @@ import pytest
 
 from mlhpc.campaign.machine import RANKS_PER_CPU
 from mlhpc.commands import MAX_THREADS, refuse_bad_counts
+from mlhpc.common.cluster.threads import cpu_budget
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.threads import cpu_budget
 from tests.conftest import cli_env
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlhpc.common.launch import detect_launch, first_slurm_host, slurm_tasks_on_first_node
+from mlhpc.common.cluster.launch import detect_launch, first_slurm_host, slurm_tasks_on_first_node
 from mlhpc.staging import resolve_local_dir
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from mlhpc.benchmarks.cosmoflow import data as cosmo_data_module
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 
 # slurm_cluster_fixture provides the `slurm_cluster` fixture.
 from tests.cluster_fixtures import SlurmCluster, free_port, slurm_cluster_fixture  # noqa: F401
@@ -33,7 +33,7 @@ CAMPAIGN = ["data.num_train_samples=1024", "data.num_eval_samples=64", "loop.max
 LAUNCH_TIMEOUT_S = 240
 # Each rank writes its own file in the working directory: ranks' stdout lines can interleave.
 DETECT = (
-    "import json; from mlhpc.common.launch import detect_launch; i = detect_launch(); "
+    "import json; from mlhpc.common.cluster.launch import detect_launch; i = detect_launch(); "
     "open(f'detect_{i.rank}.json', 'w').write(json.dumps(dict(launcher=i.launcher, rank=i.rank, "
     "world=i.world_size, local_rank=i.local_rank, local_world=i.local_world_size, master=i.master_addr)))"
 )
@@ -313,7 +313,7 @@ def test_mpirun_stages_over_mpi(tmp_path: Path) -> None:
     # One report file per rank: two ranks' stdout lines can interleave mid-line under mpirun.
     probe = (
         "from pathlib import Path; "
-        "from mlhpc.common.distributed import init_distributed, shutdown_distributed; "
+        "from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed; "
         "from mlhpc.staging import comm_for; ctx = init_distributed('auto', 'cpu'); "
         "comm = comm_for(ctx); Path(f'rank{ctx.rank}.txt').write_text(' '.join(map(str, "
         "(ctx.rank, ctx.launcher, ctx.backend, type(comm).__name__, comm.topology.num_nodes)))); "

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from mlhpc.benchmarks.cosmoflow import train as cosmo_train
-from mlhpc.common import registry
-from mlhpc.common.batches import to_device
-from mlhpc.common.distributed import DistContext, init_distributed
-from mlhpc.common.loop import resolve_memory_format
+from mlhpc.common.cluster.distributed import DistContext, init_distributed
+from mlhpc.common.contract import registry
+from mlhpc.common.training.batches import to_device
+from mlhpc.common.training.loop import resolve_memory_format
 from tests.conftest import mllog_events
 from tests.test_distributed import torchrun
 from tests.toy_benchmark import TOY, collectives_script, make_config, run_toy

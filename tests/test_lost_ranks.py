@@ -1,5 +1,5 @@
 """A collective that loses a rank ends every other rank in a bounded time with one line that
-names the lost rank's node (common/liveness.py, common/distributed.py): three real gloo ranks
+names the lost rank's node (common/cluster/liveness.py, common/cluster/distributed.py): three real gloo ranks
 on this machine, one of them killed (its sockets close at once), stopped with SIGSTOP (it
 answers nothing, like a node whose link went down: the others wait out the collective
 timeout), or rank 0 killed (the job's store goes with it). The multi-node versions run on the
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.common.distributed import collective_reason, collective_timeout
+from mlhpc.common.cluster.distributed import collective_reason, collective_timeout
+from mlhpc.common.cluster.liveness import HOST_WAIT_S, LISTEN_S, STORE_TIMEOUT_S
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.liveness import HOST_WAIT_S, LISTEN_S, STORE_TIMEOUT_S
 from tests.conftest import cli_env
 
 TIMEOUT_S = 3
@@ -29,7 +29,7 @@ EXIT_S = 8.0
 RANKS = """
 import json, os, signal, sys, time
 import torch
-from mlhpc.common.distributed import init_distributed, lost_rank_named, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed, lost_rank_named, shutdown_distributed
 from mlhpc.common.errors import MlhpcError
 
 out, fault, victim = sys.argv[1], sys.argv[2], int(sys.argv[3])

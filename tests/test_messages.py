@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.common import catalog
-from mlhpc.common.config import load_config
-from mlhpc.common.debug_log import debug_log
+from mlhpc.common.contract import catalog
+from mlhpc.common.contract.config import load_config
+from mlhpc.common.display.debug_log import debug_log
 from mlhpc.common.errors import ConfigError
 from tests.conftest import mlhpc_cli
 from tests.test_cli_errors import one_error_line

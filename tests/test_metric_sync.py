@@ -23,7 +23,7 @@ import json, sys
 from pathlib import Path
 import torch
 from mlhpc.benchmarks.extreme_weather import evaluation
-from mlhpc.common.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
 
 class FixedDetector(torch.nn.Module):
     '''Detects the box each image holds exactly (rank 0) or far away from it (rank 1).'''
@@ -66,7 +66,7 @@ import json, sys
 from pathlib import Path
 import torch
 from mlhpc.benchmarks.extreme_weather import evaluation
-from mlhpc.common.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
 from tests.test_metric_sync import detections, snapshots
 
 class IndexDetector(torch.nn.Module):

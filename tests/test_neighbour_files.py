@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlhpc.common.errors import MlhpcError
-from mlhpc.common.locks import LOCK_NAME, FolderBusy, folder_lock
+from mlhpc.common.safeio.locks import LOCK_NAME, FolderBusy, folder_lock
 from mlhpc.staging.localdir import STAGE_OWNER, claim_stage_dir, remove_stale_stage_dirs
 from tests.conftest import cli_env, lock_held_elsewhere
 

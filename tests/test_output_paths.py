@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from mlhpc.cli import build_parser, main
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.fileio import atomic_write_bytes
-from mlhpc.common.writable import (
+from mlhpc.common.safeio.fileio import atomic_write_bytes
+from mlhpc.common.safeio.writable import (
     MADE_MARKER,
     MadeDir,
     make_marked_dir,

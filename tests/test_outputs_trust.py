@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlhpc.cli import main
-from mlhpc.common import safe_json
-from mlhpc.common.writable import PNG_KIND, SQLITE_KIND, csv_kind, json_kind, page_kind
+from mlhpc.common.safeio import safe_json
+from mlhpc.common.safeio.writable import PNG_KIND, SQLITE_KIND, csv_kind, json_kind, page_kind
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parent.parent

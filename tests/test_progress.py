@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.common.catalog import Target
-from mlhpc.common.distributed import DistContext, init_distributed
-from mlhpc.common.progress import Progress, clock, epoch_line, seed_line
+from mlhpc.common.cluster.distributed import DistContext, init_distributed
+from mlhpc.common.contract.catalog import Target
+from mlhpc.common.training.progress import Progress, clock, epoch_line, seed_line
 from tests.toy_benchmark import make_config, run_toy
 
 
@@ -67,7 +67,7 @@ def test_clock_reads_back_to_the_second(seconds: float) -> None:
 LIBRARY_NOISE = """
 import logging, sys, warnings
 from pathlib import Path
-from mlhpc.common.debug_log import configure_console, debug_log
+from mlhpc.common.display.debug_log import configure_console, debug_log
 configure_console(debug=len(sys.argv) > 2)
 with debug_log(Path(sys.argv[1]), rank=0) as path:
     warnings.warn("a library's notice nobody can act on", UserWarning)
@@ -96,7 +96,7 @@ def test_library_warnings_go_to_the_debug_log_not_the_terminal(tmp_path: Path, d
 
 
 def test_staging_line_reads_the_staging_metadata() -> None:
-    from mlhpc.common.progress import staging_line
+    from mlhpc.common.training.progress import staging_line
 
     metadata = {"staged_files": 1032, "staged_bytes": 268_400_000, "staging_duration": 2.13}
     assert staging_line(metadata) == "staged 1,032 files (268.4 MB) in 2.1 s"
@@ -110,7 +110,7 @@ SMALL = ["data.num_train_samples=64", "data.num_eval_samples=16"]
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 50), st.lists(st.floats(0, 1e5, allow_nan=False), max_size=50))
 def test_time_left_is_the_runs_to_go_at_the_mean_so_far(total: int, seconds: list[float]) -> None:
-    from mlhpc.common.progress import CampaignClock
+    from mlhpc.common.training.progress import CampaignClock
 
     seconds = seconds[:total]
     campaign = CampaignClock(total=total)
@@ -224,7 +224,7 @@ def test_a_long_epoch_says_it_is_still_training_and_a_short_one_says_nothing() -
 def test_the_loop_says_still_training_within_each_epoch(
     ctx: DistContext, tmp_path: Path, monkeypatch
 ) -> None:
-    from mlhpc.common import progress as progress_module
+    from mlhpc.common.training import progress as progress_module
 
     monkeypatch.setattr(progress_module, "HEARTBEAT_S", 0.0005)
     out = io.StringIO()

@@ -18,9 +18,9 @@ import mlperf_logging
 import pytest
 import yaml
 
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
-from mlhpc.common.distributed import init_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
 
 RCP_DIR = Path(mlperf_logging.__file__).parent / "rcp_checker" / "hpc_3.0.0"
 BENCHMARKS = ("cosmoflow", "deepcam")

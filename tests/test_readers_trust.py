@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlhpc.campaign.resume import finished_runs
-from mlhpc.common import safe_read
 from mlhpc.common.errors import MlhpcError, SubmissionError
-from mlhpc.common.mllogger import MLLog
+from mlhpc.common.safeio import safe_read
+from mlhpc.common.training.mllogger import MLLog
 from mlhpc.results.report import read_breakdowns, report_command
 from mlhpc.results.variability import read_runs, variability_command
 from tests.conftest import mlhpc_cli

@@ -20,10 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlhpc.benchmarks import BUILTIN
-from mlhpc.common import catalog, registry
-from mlhpc.common.config import load_config
+from mlhpc.common.contract import catalog, registry
+from mlhpc.common.contract.catalog import required_run_count
+from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.layout import required_run_count
 from tests.conftest import cli_env
 from tests.toy_benchmark import TOY, TOY_INFO
 
@@ -33,8 +33,8 @@ THIRD_INIT = """
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlhpc.common.catalog import BenchmarkInfo, Target
-from mlhpc.common.loop_config import LoopConfig
+from mlhpc.common.contract.catalog import BenchmarkInfo, Target
+from mlhpc.common.training.loop_config import LoopConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -56,7 +56,7 @@ BENCHMARK = BenchmarkInfo(
 THIRD_FUNCTIONS = """
 from pathlib import Path
 
-from mlhpc.common.registry import BenchmarkFunctions
+from mlhpc.common.contract.registry import BenchmarkFunctions
 
 
 def generate(cfg, out_dir, num_samples=None, seed=0):
@@ -195,7 +195,7 @@ def _builtin_points() -> tuple[EntryPoint, ...]:
     ("name", "value", "says"),
     [
         ("nothing", "_mlhpc_no_such_module:X", "failed to load (ModuleNotFoundError: No module named"),
-        ("wrong_kind", "mlhpc.common.catalog:Target", "is a type, not a BenchmarkInfo"),
+        ("wrong_kind", "mlhpc.common.contract.catalog:Target", "is a type, not a BenchmarkInfo"),
         ("renamed", "mlhpc.benchmarks.cosmoflow:BENCHMARK", "holds benchmark 'cosmoflow'"),
         ("bad value", "not a reference", "failed to load"),
     ],
@@ -253,9 +253,9 @@ def test_third_party_benchmark_joins_the_catalog_and_the_cli(tmp_path: Path) -> 
     install_thirdbench(site)
     code = """
 import json, sys
-from mlhpc.common import registry
-from mlhpc.common.config import load_config
-from mlhpc.common.layout import required_run_count
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import load_config
+from mlhpc.common.contract.catalog import required_run_count
 facts = registry.info("thirdbench")
 cfg = load_config(facts.config_class, facts.config_path("mini"), ["width=9"])
 torch_before_get = "torch" in sys.modules
@@ -316,7 +316,7 @@ def test_the_checker_runs_a_third_party_benchmark_under_its_rules_file(tmp_path:
 def test_broken_third_party_entry_point_is_one_line_and_spares_the_rest(tmp_path: Path) -> None:
     site = tmp_path / "site"
     install(site, "brokenbench", "2.0", {"brokenbench": "brokenbench:BENCHMARK"}, {})
-    proc = python("from mlhpc.common import registry; print(registry.names())", site, tmp_path)
+    proc = python("from mlhpc.common.contract import registry; print(registry.names())", site, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(sorted(BUILTIN))
     generated = mlhpc(["generate", "brokenbench", "--out", str(tmp_path / "data")], site, tmp_path)
@@ -336,7 +336,7 @@ def test_two_benchmarks_with_one_name_are_refused_naming_both(tmp_path: Path) ->
         site, "dupbench", "0.3", {"cosmoflow": "dupbench:BENCHMARK"}, {"dupbench/__init__.py": DUPLICATE_INIT}
     )
     code = """
-from mlhpc.common import registry
+from mlhpc.common.contract import registry
 from mlhpc.common.errors import ConfigError
 print(registry.names())
 try:
@@ -356,7 +356,7 @@ except ConfigError as e:
 def test_register_adds_to_this_process_and_refuses_a_known_name(tmp_path: Path) -> None:
     code = """
 import dataclasses
-from mlhpc.common import registry
+from mlhpc.common.contract import registry
 from mlhpc.common.errors import ConfigError
 from tests.toy_benchmark import TOY
 registry.register(TOY)

@@ -1,4 +1,4 @@
-"""`common.safe_json`: any text, however deep or however large its numbers, parses or raises
+"""`common.safeio.safe_json`: any text, however deep or however large its numbers, parses or raises
 BadJson with a reason; never RecursionError, never inf or NaN, never a hang on a FIFO."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.common.safe_json import MAX_DEPTH, BadJson, load_file, loads
-from mlhpc.common.safe_read import RefusedFile
+from mlhpc.common.safeio.safe_json import MAX_DEPTH, BadJson, load_file, loads
+from mlhpc.common.safeio.safe_read import RefusedFile
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlhpc.common.errors import MlhpcError, StagingError
-from mlhpc.common.safepath import inside, landing, link_target, relative_path
+from mlhpc.common.safeio.safepath import inside, landing, link_target, relative_path
 
 WHERE, FIX = "src.tar: member", "rebuild it"
 

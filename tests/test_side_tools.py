@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mlhpc.cli import main
-from mlhpc.common.timing import PHASES
-from mlhpc.common.waiting import say_if_slow
+from mlhpc.common.display.waiting import say_if_slow
+from mlhpc.common.training.timing import PHASES
 from mlhpc.results.variability import MAX_RUNS, _olympic_se_table, olympic_se_factor, runs_needed
 
 

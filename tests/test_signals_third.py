@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.common.termination import WORKER_KILLED_EXIT, is_worker_death
+from mlhpc.common.cluster.termination import WORKER_KILLED_EXIT, is_worker_death
 from mlhpc.staging import MANIFEST_NAME, build_manifest
 from mlhpc.staging.localdir import (
     STAGE_OWNER,
@@ -41,8 +41,8 @@ SEED = 20261128
 TOY_RUN = """
 import dataclasses, sys
 from mlhpc import cli
-from mlhpc.common import registry
-from mlhpc.common.loaders import torch_data_bundle
+from mlhpc.common.contract import registry
+from mlhpc.common.training.loaders import torch_data_bundle
 from tests import toy_benchmark as toy
 
 bench = toy.TOY

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlhpc.common.cluster.liveness import bind_address, host_store
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.liveness import bind_address, host_store
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -23,9 +23,9 @@ import pytest
 import xxhash
 import zstandard
 
-from mlhpc.common import fileio
 from mlhpc.common.errors import StagingError
-from mlhpc.common.fileio import atomic_write_text, current_umask
+from mlhpc.common.safeio import fileio
+from mlhpc.common.safeio.fileio import atomic_write_text, current_umask
 from mlhpc.staging import (
     MANIFEST_NAME,
     STAGED_MARKER,

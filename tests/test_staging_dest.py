@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mlhpc.cli import main
-from mlhpc.common.datasets import DATASET_COMPLETE
 from mlhpc.common.errors import StagingError
+from mlhpc.common.safeio.datasets import DATASET_COMPLETE
 from mlhpc.staging import StageRequest, stage_dataset, verify_staged
 from mlhpc.staging.destination import STAGING_OWNED
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.common.locks import LOCK_NAME
+from mlhpc.common.safeio.locks import LOCK_NAME
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest
 from tests.conftest import cli_env, ctrl_c_as_at_a_terminal, dataset_files, lock_held_elsewhere
 

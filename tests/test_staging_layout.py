@@ -1,4 +1,4 @@
-"""Which ranks share a node, worked out once (`common.launch.node_layout`), and the staging
+"""Which ranks share a node, worked out once (`common.cluster.launch.node_layout`), and the staging
 communicator built from it: from host names, for a sub-job, and from a real run's DistContext."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlhpc.cli import main
-from mlhpc.common.launch import NodeLayout, node_layout, uniform_layout
+from mlhpc.common.cluster.launch import NodeLayout, node_layout, uniform_layout
 from mlhpc.staging import CallbackComm, comm_for
 from mlhpc.staging.comm import topology_of
 
@@ -68,7 +68,7 @@ def test_every_rank_sees_the_same_nodes_and_its_own_place(hosts: list[str], data
 
 
 def test_one_process_gets_the_barrier_only_comm() -> None:
-    from mlhpc.common.distributed import init_distributed
+    from mlhpc.common.cluster.distributed import init_distributed
 
     comm = comm_for(init_distributed("auto", "cpu"))
     assert isinstance(comm, CallbackComm) and (comm.rank, comm.size) == (0, 1)
@@ -79,7 +79,7 @@ def test_a_horovod_rank_gets_barriers_on_runs_of_its_local_size() -> None:
     two a node: node 1, local rank 1), and staging only synchronises them."""
     import torch
 
-    from mlhpc.common.distributed import DistContext
+    from mlhpc.common.cluster.distributed import DistContext
 
     ctx = DistContext(
         rank=3,
@@ -101,7 +101,7 @@ def test_a_horovod_rank_gets_barriers_on_runs_of_its_local_size() -> None:
 RUN_RANKS = """
 import json, sys
 from pathlib import Path
-from mlhpc.common.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
 from mlhpc.staging import comm_for
 ctx = init_distributed("auto", "cpu")
 whole = comm_for(ctx)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlperf_logging.system_desc_checker.system_desc_checker import check_system_desc
 
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.errors import SubmissionError
 from mlhpc.system_desc import cpu_facts, describe_system, write_system_json
 

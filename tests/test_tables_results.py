@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from mlhpc.common.tables import fitted_table
+from mlhpc.common.display.tables import fitted_table
 
 DATA = Path(__file__).parent / "data" / "hpc_v3.0_weak"
 

@@ -1,4 +1,4 @@
-"""common/threads: a rank's torch threads come from the CPUs it may really use (affinity, cgroup
+"""common/cluster/threads: a rank's torch threads come from the CPUs it may really use (affinity, cgroup
 quota, ranks on the node), an explicit OMP_NUM_THREADS wins, and OpenMP threads spin briefly."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.common.errors import ConfigError
-from mlhpc.common.threads import (
+from mlhpc.common.cluster.threads import (
     CpuBudget,
     _cpu_times,
     cgroup_cpu_quota,
@@ -22,6 +21,7 @@ from mlhpc.common.threads import (
     idle_cpus,
     wait_briefly,
 )
+from mlhpc.common.errors import ConfigError
 
 WHOLE_MACHINE = CpuBudget(cpus=64, bound=False, why="affinity 64 of 64 CPUs")
 
@@ -161,7 +161,7 @@ def test_a_real_process_sets_torch_from_its_choice(
     code = (
         f"import os; os.sched_setaffinity(0, {affinity!r})\n"
         "import mlhpc, torch\n"
-        "from mlhpc.common.distributed import init_distributed\n"
+        "from mlhpc.common.cluster.distributed import init_distributed\n"
         "ctx = init_distributed('auto', 'cpu')\n"
         "print(torch.get_num_threads(), ctx.threads.intra_op, os.environ['GOMP_SPINCOUNT'])\n"
     )

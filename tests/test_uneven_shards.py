@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from mlhpc.benchmarks.cosmoflow import data as cosmoflow
 from mlhpc.benchmarks.deepcam import data as deepcam
-from mlhpc.common.distributed import init_distributed
+from mlhpc.common.cluster.distributed import init_distributed
 from tests.test_distributed import torchrun
 
 pytestmark = pytest.mark.distributed
@@ -25,9 +25,9 @@ import json, sys
 from pathlib import Path
 from mlhpc.benchmarks.cosmoflow import data as cosmoflow
 from mlhpc.benchmarks.deepcam import data as deepcam
-from mlhpc.common.distributed import init_distributed, shutdown_distributed
-from mlhpc.common.loaders import torch_data_bundle
-from mlhpc.common.loop_config import LoopConfig
+from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.training.loaders import torch_data_bundle
+from mlhpc.common.training.loop_config import LoopConfig
 from tests.test_uneven_shards import CubeMean, FieldClass, cosmo_set, deepcam_set
 
 ctx = init_distributed("gloo", "cpu")

@@ -16,16 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from mlhpc.common.batches import to_device
-from mlhpc.common.config import from_dict
-from mlhpc.common.distributed import DistContext
-from mlhpc.common.loaders import torch_data_bundle
-from mlhpc.common.loop import StagedData, SubmissionInfo, train_to_target
-from mlhpc.common.loop_config import LoopConfig
-from mlhpc.common.mllogger import MLLog
-from mlhpc.common.progress import SILENT, Progress
-from mlhpc.common.registry import Benchmark, BenchmarkFunctions, BenchmarkInfo, DataBundle, Target
-from mlhpc.common.schedules import WarmupSchedule, build_lr_scheduler
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract.config import from_dict
+from mlhpc.common.contract.registry import Benchmark, BenchmarkFunctions, BenchmarkInfo, DataBundle, Target
+from mlhpc.common.training.batches import to_device
+from mlhpc.common.training.loaders import torch_data_bundle
+from mlhpc.common.training.loop import StagedData, SubmissionInfo, train_to_target
+from mlhpc.common.training.loop_config import LoopConfig
+from mlhpc.common.training.mllogger import MLLog
+from mlhpc.common.training.progress import SILENT, Progress
+from mlhpc.common.training.schedules import WarmupSchedule, build_lr_scheduler
 
 FEATURES = 8
 
@@ -191,7 +191,7 @@ _COUNT_COLLECTIVES = """
 import json, sys
 from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
-from mlhpc.common.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
 from tests.toy_benchmark import make_config, run_toy
 
 ctx = init_distributed("gloo", "cpu")

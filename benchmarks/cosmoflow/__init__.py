@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common.catalog import BenchmarkInfo, Target
+from mlhpc.common.contract.catalog import BenchmarkInfo, Target
 
 BENCHMARK = BenchmarkInfo(
     name="cosmoflow",

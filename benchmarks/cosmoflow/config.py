@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mlhpc.common.config import check_at_least, check_num_workers, check_positive
-from mlhpc.common.loop_config import LoopConfig
+from mlhpc.common.contract.config import check_at_least, check_num_workers, check_positive
+from mlhpc.common.training.loop_config import LoopConfig
 
 
 @dataclass(kw_only=True, frozen=True)

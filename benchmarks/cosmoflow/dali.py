@@ -14,10 +14,10 @@ import torch
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.data import read_file_lists
-from mlhpc.common.dali import device_id, import_dali
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError
-from mlhpc.common.registry import DataBundle
+from mlhpc.common.training.dali import device_id, import_dali
 
 OUTPUTS = ("cube", "target")
 READER = "cube_reader"

@@ -2,7 +2,7 @@
 `registry.get("cosmoflow")`."""
 
 from mlhpc.benchmarks.cosmoflow import data, model, train
-from mlhpc.common.registry import BenchmarkFunctions
+from mlhpc.common.contract.registry import BenchmarkFunctions
 
 FUNCTIONS = BenchmarkFunctions(
     generate=data.generate,

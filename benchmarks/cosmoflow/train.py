@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
 
 
 def scaled_learning_rate(cfg: CosmoFlowConfig) -> float:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
-from mlhpc.common.catalog import BenchmarkInfo, Target
+from mlhpc.common.contract.catalog import BenchmarkInfo, Target
 from mlhpc.common.vocabulary import Division
 
 # The closed rules (hpc_3.0.0/closed_deepcam.yaml) require the real dataset's sample counts.

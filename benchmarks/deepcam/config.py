@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mlhpc.common.config import check_at_least, check_num_workers
-from mlhpc.common.loop_config import LoopConfig
+from mlhpc.common.contract.config import check_at_least, check_num_workers
+from mlhpc.common.training.loop_config import LoopConfig
 
 # Pixel frequencies of background, tropical cyclone and atmospheric river in the real training
 # set, and the power the reference raises them to for the cross-entropy class weights.

@@ -16,10 +16,10 @@ from torch.utils.data import DistributedSampler
 
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.data import DeepCamFiles, read_stats
-from mlhpc.common.dali import device_id, import_dali
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError
-from mlhpc.common.registry import DataBundle
+from mlhpc.common.training.dali import device_id, import_dali
 
 OUTPUTS = ("fields", "label")
 

@@ -19,15 +19,15 @@ from torch.utils.data import Dataset
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.model import NUM_CLASSES
 from mlhpc.benchmarks.deepcam.synthetic import write_dataset
-from mlhpc.common.dali import choose_loader
-from mlhpc.common.data_kinds import hint as layout_hint
-from mlhpc.common.datasets import existing_data_dir, list_samples, open_h5, open_sample
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract.data_kinds import hint as layout_hint
+from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError
-from mlhpc.common.loaders import torch_data_bundle
-from mlhpc.common.loop import to_device
-from mlhpc.common.npyfile import check_npy
-from mlhpc.common.registry import DataBundle
+from mlhpc.common.safeio.datasets import existing_data_dir, list_samples, open_h5, open_sample
+from mlhpc.common.safeio.npyfile import check_npy
+from mlhpc.common.training.dali import choose_loader
+from mlhpc.common.training.loaders import torch_data_bundle
+from mlhpc.common.training.loop import to_device
 
 SPLITS = ("train", "validation")
 STATS_FILE = "stats.h5"

@@ -2,7 +2,7 @@
 `registry.get("deepcam")`."""
 
 from mlhpc.benchmarks.deepcam import data, model, train
-from mlhpc.common.registry import BenchmarkFunctions
+from mlhpc.common.contract.registry import BenchmarkFunctions
 
 FUNCTIONS = BenchmarkFunctions(
     generate=data.generate,

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
-from mlhpc.common.distributed import DistContext
-from mlhpc.common.schedules import WarmupSchedule, build_lr_scheduler
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.training.schedules import WarmupSchedule, build_lr_scheduler
 
 
 def schedule(cfg: DeepCamConfig) -> WarmupSchedule:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
-from mlhpc.common.catalog import BenchmarkInfo, Target
+from mlhpc.common.contract.catalog import BenchmarkInfo, Target
 
 BENCHMARK = BenchmarkInfo(
     name="extreme_weather",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlhpc.common.config import check_at_least, check_num_workers, check_positive
-from mlhpc.common.loop_config import LoopConfig
+from mlhpc.common.contract.config import check_at_least, check_num_workers, check_positive
+from mlhpc.common.training.loop_config import LoopConfig
 
 # HPC AI500 V2.0 gives n = 5 for its image classification benchmark and publishes none for
 # extreme weather; we use the same value and make it a setting (see README.md).

@@ -23,12 +23,12 @@ from torch.utils.data import Dataset, DistributedSampler, Subset
 from mlhpc.benchmarks.extreme_weather import synthetic
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
 from mlhpc.benchmarks.extreme_weather.model import NUM_CLASSES
-from mlhpc.common.data_kinds import hint as layout_hint
-from mlhpc.common.datasets import existing_data_dir, list_samples, open_h5
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract.data_kinds import hint as layout_hint
+from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError
-from mlhpc.common.loaders import OneLineLoader
-from mlhpc.common.registry import DataBundle
+from mlhpc.common.safeio.datasets import existing_data_dir, list_samples, open_h5
+from mlhpc.common.training.loaders import OneLineLoader
 
 SPLITS = ("train", "validation")
 IMAGES = "images"

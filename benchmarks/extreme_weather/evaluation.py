@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
 
 IOU_THRESHOLD = 0.5
 """HPC AI500's quality is mAP at IoU 0.5."""

@@ -2,7 +2,7 @@
 by `registry.get("extreme_weather")`."""
 
 from mlhpc.benchmarks.extreme_weather import data, evaluation, model, train
-from mlhpc.common.registry import BenchmarkFunctions
+from mlhpc.common.contract.registry import BenchmarkFunctions
 
 FUNCTIONS = BenchmarkFunctions(
     generate=data.generate,

@@ -9,8 +9,8 @@ import torch
 
 from mlhpc.benchmarks.extreme_weather import BENCHMARK
 from mlhpc.benchmarks.extreme_weather.config import ExtremeWeatherConfig
-from mlhpc.common import catalog, hpc_ai500
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract import catalog
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.log_keys import (
     ACHIEVED_FLOPS,
@@ -19,7 +19,8 @@ from mlhpc.common.log_keys import (
     VALID_FLOPS,
     VFLOPS_EXPONENT,
 )
-from mlhpc.common.loop import RunResult
+from mlhpc.common.training.loop import RunResult
+from mlhpc.submission_checker import hpc_ai500
 
 
 def scaled_learning_rate(cfg: ExtremeWeatherConfig) -> float:

@@ -19,15 +19,15 @@ from mlhpc.campaign.io import campaign_request, plan_out, resolve_config
 from mlhpc.campaign.local import plan_line
 from mlhpc.campaign.options import RunOptions, check_planned
 from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignPlan, dataset_dir
-from mlhpc.common.config import to_dict
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.cluster.launch import detect_launch
+from mlhpc.common.contract.config import to_dict
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.launch import detect_launch
-from mlhpc.common.loop import SubmissionInfo, init_events, resolve_memory_format
-from mlhpc.common.mllogger import MLLog, constants
 from mlhpc.common.printable import shown
-from mlhpc.common.writable import json_kind, refuse_output_over_inputs
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.writable import json_kind, refuse_output_over_inputs
+from mlhpc.common.training.loop import SubmissionInfo, init_events, resolve_memory_format
+from mlhpc.common.training.mllogger import MLLog, constants
 from mlhpc.system_desc import stable_system_name
 
 

@@ -50,7 +50,7 @@ def read_campaign_file(path: Path) -> CampaignFile | None:
 
 
 def _read_json(path: Path) -> Any:
-    from mlhpc.common import safe_json, safe_read
+    from mlhpc.common.safeio import safe_json, safe_read
 
     path = Path(path)
     if not path.exists() and not path.is_symlink():
@@ -178,7 +178,7 @@ class ResolvedConfig:
     @property
     def benchmark(self) -> Any:
         """The registry.Benchmark with its torch functions (imports torch; for the run itself)."""
-        from mlhpc.common import registry
+        from mlhpc.common.contract import registry
 
         return registry.get(self.info.name)
 
@@ -218,8 +218,8 @@ def resolve_config(benchmark: str, config: str, overrides: tuple[str, ...] | lis
     """Load and validate `config` with `overrides` for `benchmark`: an unknown benchmark, config
     or key is one ConfigError. Every route (the local runner, the dry run, the Slurm submitter on
     a login node) calls this one function."""
-    from mlhpc.common import catalog
-    from mlhpc.common.config import load_config, to_dict
+    from mlhpc.common.contract import catalog
+    from mlhpc.common.contract.config import load_config, to_dict
 
     info = catalog.info(benchmark)
     cfg = load_config(info.config_class, info.config_path(config), overrides)
@@ -288,6 +288,6 @@ def plan_out(
 def record_plan(plan: CampaignPlan) -> None:
     """Write the campaign file the plan leaves (under a temporary name, then renamed). The
     planner only ever adds to what it records, so one campaign's file never changes setting."""
-    from mlhpc.common.fileio import atomic_write_json
+    from mlhpc.common.safeio.fileio import atomic_write_json
 
     atomic_write_json(plan.out / CAMPAIGN_FILE, plan.record.to_json())

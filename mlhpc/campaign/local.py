@@ -21,16 +21,16 @@ from mlhpc.campaign.io import ResolvedConfig, campaign_request, plan_out, record
 from mlhpc.campaign.options import RunOptions, check_planned
 from mlhpc.campaign.options import check_options as check_options  # where older callers import it
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
-from mlhpc.common import registry
-from mlhpc.common.config import to_dict
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract import registry
+from mlhpc.common.contract.config import to_dict
 from mlhpc.common.errors import MlhpcError, TrainingError
-from mlhpc.common.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.layout import implementation_dir, system_json_path
-from mlhpc.common.locks import FolderBusy, folder_lock
-from mlhpc.common.loop import RunResult, StagedData, SubmissionInfo, train_to_target
-from mlhpc.common.mllogger import MLLog
-from mlhpc.common.progress import SILENT, CampaignClock, Progress, seed_line
+from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
+from mlhpc.common.safeio.locks import FolderBusy, folder_lock
+from mlhpc.common.training.loop import RunResult, StagedData, SubmissionInfo, train_to_target
+from mlhpc.common.training.mllogger import MLLog
+from mlhpc.common.training.progress import SILENT, CampaignClock, Progress, seed_line
 from mlhpc.generation import SizeCheck, generate_dataset, run_size_check
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
 from mlhpc.staging import Communicator, StageRequest, comm_for, resolve_local_dir, stage_dataset

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlhpc.common.threads import cpu_budget
+from mlhpc.common.cluster.threads import cpu_budget
 
 RANKS_PER_CPU = 4
 """More ranks than this per CPU only wait on each other (and each holds a Python and its model)."""

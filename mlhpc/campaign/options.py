@@ -212,7 +212,7 @@ def check_instances(instances: int) -> None:
     if instances <= 1:
         return
     from mlhpc.campaign.machine import local_process_limit
-    from mlhpc.common.launch import detect_launch
+    from mlhpc.common.cluster.launch import detect_launch
 
     if detect_launch().world_size > 1:
         return

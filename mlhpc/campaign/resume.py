@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from mlhpc.common import safe_read
 from mlhpc.common.errors import SubmissionError
+from mlhpc.common.safeio import safe_read
 
 
 def finished_runs(paths: Iterable[Path]) -> dict[int, int]:

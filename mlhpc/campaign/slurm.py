@@ -17,8 +17,8 @@ from mlhpc.campaign.options import RunOptions, check_options, check_planned
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
 from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmResources, build_graph
 from mlhpc.common.errors import ConfigError, SubmissionError
-from mlhpc.common.fileio import atomic_write_json, atomic_write_text
-from mlhpc.common.locks import folder_lock
+from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
+from mlhpc.common.safeio.locks import folder_lock
 from mlhpc.staging.manifest import MANIFEST_NAME
 
 SBATCH_TIMEOUT_S = 60

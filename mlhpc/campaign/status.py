@@ -20,11 +20,11 @@ from pathlib import Path
 from mlhpc.campaign.io import read_campaign_file
 from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignFile, Entry, dataset_dir
 from mlhpc.campaign.seeds import seed_of
-from mlhpc.common import safe_json, safe_read
 from mlhpc.common.errors import SubmissionError
 from mlhpc.common.layout import result_file
-from mlhpc.common.locks import LOCK_NAME
 from mlhpc.common.printable import shown
+from mlhpc.common.safeio import safe_json, safe_read
+from mlhpc.common.safeio.locks import LOCK_NAME
 
 SLURM_TIMEOUT_S = 20
 MAX_JOBS_BYTES = 1 << 20

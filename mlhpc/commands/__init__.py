@@ -64,7 +64,7 @@ def _most(flag: str) -> tuple[int | None, str]:
     """The machine's bound on the count `flag` gives, and what it comes from."""
     if flag in _PROCESS_FLAGS:
         from mlhpc.campaign.machine import RANKS_PER_CPU
-        from mlhpc.common.threads import cpu_budget
+        from mlhpc.common.cluster.threads import cpu_budget
 
         cpus = cpu_budget(look_s=0).cpus
         return cpus * RANKS_PER_CPU, f"this machine's {cpus} CPUs x {RANKS_PER_CPU} processes"

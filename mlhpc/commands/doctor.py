@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from mlhpc.common import catalog
+    from mlhpc.common.contract import catalog
     from mlhpc.environment import check_environment
 
     names = [catalog.info(args.benchmark).name] if args.benchmark else catalog.names()

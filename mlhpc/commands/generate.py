@@ -30,9 +30,9 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from mlhpc.common import catalog
-    from mlhpc.common.config import load_config
-    from mlhpc.common.writable import check_writable_dir
+    from mlhpc.common.contract import catalog
+    from mlhpc.common.contract.config import load_config
+    from mlhpc.common.safeio.writable import check_writable_dir
     from mlhpc.dataset_size import dataset_bytes
     from mlhpc.generation import SizeCheck, check_size, generate_dataset
 
@@ -51,7 +51,7 @@ def _generate(args: argparse.Namespace) -> int:
         fix="pass --samples N for a smaller one",
     )
     check_size(args.out, size, reuse_complete=False)  # before torch is imported: a refusal is quick
-    from mlhpc.common import registry
+    from mlhpc.common.contract import registry
 
     bench = registry.get(info.name)
     started = time.perf_counter()

@@ -76,7 +76,7 @@ def _results(args: argparse.Namespace) -> int:
     if args.results_command == "list":
         return command.list_command(db, args.benchmark, out)
     if args.report is not None:
-        from mlhpc.common.writable import check_writable_dir
+        from mlhpc.common.safeio.writable import check_writable_dir
 
         check_writable_dir(args.report, "--report")
     return command.compare_command(db, args.entry, args.report, out, show_all=args.all)

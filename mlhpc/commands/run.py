@@ -221,7 +221,7 @@ def _slurm_options(group: argparse._ArgumentGroup) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from mlhpc.campaign.options import check_options, from_args
-    from mlhpc.common.writable import check_writable_dir, local_dir_name, refuse_output_over_inputs
+    from mlhpc.common.safeio.writable import check_writable_dir, local_dir_name, refuse_output_over_inputs
     from mlhpc.staging.localdir import resolve_local_dir
 
     # Built and checked once, here, for every route (local, weak, dry run, Slurm): a login node
@@ -233,7 +233,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.dry_run or args.slurm:
         refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
     if opts.data is not None and not args.dry_run:  # another benchmark's data: at once, not after imports
-        from mlhpc.common.data_kinds import other_layout
+        from mlhpc.common.contract.data_kinds import other_layout
 
         other = other_layout(opts.data, opts.benchmark)
         if other is not None:
@@ -242,7 +242,7 @@ def _run(args: argparse.Namespace) -> int:
 
             raise DataError(f"--data {shown(opts.data)}: {other}")
     if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
-        from mlhpc.common.waiting import say_if_slow
+        from mlhpc.common.display.waiting import say_if_slow
 
         # torch, torchvision and the benchmark's imports: 3 s idle, 20 s on a busy machine. Said on
         # stdout with the run's progress (stderr keeps an error to its one line), by the first rank.
@@ -270,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
     # not a traceback after the first seed has trained.
     check_writable_dir(opts.out, "--out")
     check_writable_dir(resolve_local_dir(opts.local_dir), local_dir_name(opts.local_dir))
-    from mlhpc.common.launch import detect_launch
+    from mlhpc.common.cluster.launch import detect_launch
 
     if opts.instances > 1 and detect_launch().world_size == 1:
         return _launch_instances(opts)
@@ -280,9 +280,9 @@ def _run(args: argparse.Namespace) -> int:
 def _train_here(opts: RunOptions, seed_file: Path | None) -> int:
     """Run the campaign on this process's ranks; rank 0 prints what each run did."""
     from mlhpc.campaign.local import run_campaign
-    from mlhpc.common.debug_log import debug_log
-    from mlhpc.common.distributed import init_distributed, lost_rank_named, shutdown_distributed
-    from mlhpc.common.fileio import atomic_write_text
+    from mlhpc.common.cluster.distributed import init_distributed, lost_rank_named, shutdown_distributed
+    from mlhpc.common.display.debug_log import debug_log
+    from mlhpc.common.safeio.fileio import atomic_write_text
 
     ctx = init_distributed(opts.backend, opts.device)
     started = time.perf_counter()
@@ -317,7 +317,7 @@ def _check_output_flags(args: argparse.Namespace, opts: RunOptions) -> Path | No
     writes (not over the data or the campaign file, nor an existing file of another kind)."""
     from mlhpc.common.errors import ConfigError
     from mlhpc.common.printable import shown
-    from mlhpc.common.writable import SEED_KIND, refuse_output_over_inputs
+    from mlhpc.common.safeio.writable import SEED_KIND, refuse_output_over_inputs
 
     if args.json is not None and (not args.dry_run or args.slurm):
         raise ConfigError(
@@ -401,11 +401,11 @@ def _launch_instances(opts: RunOptions) -> int:
     from dataclasses import replace
 
     from mlhpc.campaign.options import check_instances
-    from mlhpc.common.termination import Terminated
+    from mlhpc.common.cluster.termination import Terminated
     from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 
     check_instances(opts.instances)  # never more local ranks than this machine holds
-    # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/threads).
+    # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/cluster/threads).
     env = dict(os.environ)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     rank_argv = replace(opts, check=False).to_argv()

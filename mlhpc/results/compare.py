@@ -16,14 +16,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mlhpc.common.display.html_words import STYLE as WORDS_STYLE
+from mlhpc.common.display.html_words import keep_words
+from mlhpc.common.display.tables import fitted_table
+from mlhpc.common.display.waiting import say_if_slow
 from mlhpc.common.errors import MlhpcError, SubmissionError
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.html_words import STYLE as WORDS_STYLE
-from mlhpc.common.html_words import keep_words
 from mlhpc.common.printable import shown
-from mlhpc.common.tables import fitted_table
-from mlhpc.common.waiting import say_if_slow
-from mlhpc.common.writable import (
+from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.writable import (
     PNG_KIND,
     SQLITE_KIND,
     generator_meta,
@@ -162,7 +162,7 @@ DROPPABLE = ("energy kWh", "staging share", "epochs", "samples/s/accel.", "nodes
 def entries_table(
     title: str, entries: Sequence[dict[str, Any]], mark: int | None = None, width: int = 10_000
 ) -> Table:
-    """One row per entry, fitted to `width` (common/tables.py): scores whole, names wrapped."""
+    """One row per entry, fitted to `width` (common/display/tables.py): scores whole, names wrapped."""
     rows = [_row(e) for e in entries]
     styles = ["bold" if e["id"] == mark else "" for e in entries]
     headers = (*HEADERS, *HEADERS_MORE)
@@ -262,7 +262,7 @@ def _plot(
     """One panel per figure against accelerators per model (log), rounds coloured, the entry a star;
     the entries of `unlike` ids (other scale or config) hollow, with their own legend entry, so the
     plot itself says which points are not comparable."""
-    from mlhpc.common.plots import pyplot
+    from mlhpc.common.display.plots import pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(FIGURES), figsize=(5 * len(FIGURES), 4.2))
@@ -346,7 +346,7 @@ def write_compare_report(
 ) -> Path:
     """folder/compare.png and folder/index.html (the table and the plot inline; no downloads).
     `rows`: the published entries shown, each with why it is unlike `entry` (empty: like)."""
-    from mlhpc.common.plots import write_png
+    from mlhpc.common.display.plots import write_png
 
     unlike = frozenset(other["id"] for other, reasons in rows if reasons)
     png = write_png(_plot(entry, [other for other, _ in rows], unlike), folder / PLOT_NAME)

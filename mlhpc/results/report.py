@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlhpc.common.display.plots import pyplot, write_png
+from mlhpc.common.display.waiting import say_if_slow
 from mlhpc.common.errors import SubmissionError
-from mlhpc.common.fileio import atomic_write_json, atomic_write_text
-from mlhpc.common.plots import pyplot, write_png
 from mlhpc.common.printable import shown
-from mlhpc.common.safe_read import RefusedFile, find_files, read_bytes
-from mlhpc.common.timing import PHASES, Breakdown
-from mlhpc.common.waiting import say_if_slow
-from mlhpc.common.writable import PNG_KIND, csv_kind, json_kind, refuse_output_over_inputs
+from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
+from mlhpc.common.safeio.safe_read import RefusedFile, find_files, read_bytes
+from mlhpc.common.safeio.writable import PNG_KIND, csv_kind, json_kind, refuse_output_over_inputs
+from mlhpc.common.training.timing import PHASES, Breakdown
 
 MAX_BREAKDOWN_BYTES = 2**20
 """A breakdown file is about 1 kB; anything this big is not one."""

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import safe_read
 from mlhpc.common.errors import MlhpcError
 from mlhpc.common.printable import shown
+from mlhpc.common.safeio import safe_read
 from mlhpc.submission_checker.report import CheckReport, EntryReport, RunReport
 
 DB_ENV = "MLHPC_RESULTS_DB"

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mlhpc.common.display.plots import pyplot, write_png
+from mlhpc.common.display.waiting import say_if_slow
 from mlhpc.common.errors import SubmissionError
-from mlhpc.common.plots import pyplot, write_png
 from mlhpc.common.printable import shown
-from mlhpc.common.safe_read import find_files, refusal
-from mlhpc.common.waiting import say_if_slow
-from mlhpc.common.writable import PNG_KIND, refuse_output_over_inputs
+from mlhpc.common.safeio.safe_read import find_files, refusal
+from mlhpc.common.safeio.writable import PNG_KIND, refuse_output_over_inputs
 
 if TYPE_CHECKING:
     from rich.console import Console

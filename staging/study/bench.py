@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.writable import check_writable_dir, refuse_output_over_inputs
+from mlhpc.common.safeio.writable import check_writable_dir, refuse_output_over_inputs
 from mlhpc.staging.manifest import MANIFEST_NAME
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.study import baselines, dataset, rank_groups, space

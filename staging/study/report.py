@@ -8,8 +8,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common.fileio import atomic_write_text
-from mlhpc.common.plots import pyplot, write_png
+from mlhpc.common.display.plots import pyplot, write_png
+from mlhpc.common.safeio.fileio import atomic_write_text
 from mlhpc.staging.study.clock import Timing
 
 CSV_FIELDS = (

@@ -13,9 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
+from mlhpc.common.cluster.threads import count_bound
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.threads import count_bound
-from mlhpc.common.writable import MadeDir, carries_marker, make_marked_dir
+from mlhpc.common.safeio.writable import MadeDir, carries_marker, make_marked_dir
 from mlhpc.staging.localdir import claim_stage_dir, remove_claimed_dir, remove_stale_stage_dirs
 
 SCRATCH_PREFIX = "stage-bench-scratch-"

@@ -184,7 +184,7 @@ def check_positive(name: str, value: float, fix: str = "") -> None:
 def check_num_workers(value: int, name: str = "data.num_workers") -> None:
     """For `__post_init__`: the one bound on a benchmark's loader workers, 0 (load in the main
     process) to 4 per CPU of this machine (at least 64): 100,000 forked to the pid limit."""
-    from mlhpc.common.threads import count_bound
+    from mlhpc.common.cluster.threads import count_bound
 
     most = count_bound()
     if not 0 <= value <= most:

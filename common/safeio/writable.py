@@ -106,7 +106,7 @@ def generator_meta(generator: str) -> str:
 
 
 PNG_KIND = OutputKind("a PNG", (".png",), lambda head: head.startswith(b"\x89PNG\r\n\x1a\n"))
-"""Every mlhpc plot (common/plots.write_png); no other mlhpc record is a PNG."""
+"""Every mlhpc plot (common/display/plots.write_png); no other mlhpc record is a PNG."""
 SQLITE_KIND = OutputKind("an SQLite database", (), lambda head: head.startswith(b"SQLite format 3\x00"))
 """The results store, under any name; its schema is proven by mlhpc.results.store before any write."""
 SEED_KIND = OutputKind(

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from mlhpc.common.mllogger import MLLog, constants
+from mlhpc.common.training.mllogger import MLLog, constants
 
 
 @contextlib.contextmanager

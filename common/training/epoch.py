@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mlhpc.common.batches import batch_size, to_device
-from mlhpc.common.distributed import DistContext, average_batchnorm_statistics
-from mlhpc.common.loop_config import LoopConfig
-from mlhpc.common.registry import Benchmark, DataBundle
-from mlhpc.common.timing import PhaseTimer
+from mlhpc.common.cluster.distributed import DistContext, average_batchnorm_statistics
+from mlhpc.common.contract.registry import Benchmark, DataBundle
+from mlhpc.common.training.batches import batch_size, to_device
+from mlhpc.common.training.loop_config import LoopConfig
+from mlhpc.common.training.timing import PhaseTimer
 
 
 class Aborted(Exception):

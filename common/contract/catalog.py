@@ -53,7 +53,7 @@ class BenchmarkInfo:
     name: str
     """Lower-case identifier, as in the submission's folders and `submission_benchmark`."""
     config_class: type
-    """The frozen dataclass its YAML configs load into (torch-free, like common/loop_config)."""
+    """The frozen dataclass its YAML configs load into (torch-free, like common/training/loop_config)."""
     configs_dir: Path
     """The folder of its packaged configs: `<name>.yaml` for `--config <name>`."""
     target: Target
@@ -210,6 +210,21 @@ def find(name: str) -> BenchmarkInfo | None:
 def names() -> list[str]:
     """The benchmarks that can be used, sorted; ConfigError when mlhpc's own are not installed."""
     return installed().names()
+
+
+def required_run_count(benchmark: str) -> int | None:
+    """Runs a strong-scaling score needs (weak: at least this many models); None if unknown.
+
+    The MLPerf HPC benchmarks' counts (cosmoflow 10, deepcam 5, oc20 5, openfold 10) are
+    mlperf_logging's, as the official checker's; the others' come from the catalog.
+    """
+    from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
+
+    official = _ALL_RESULT_FILE_COUNTS["hpc"].get(benchmark)
+    if official is not None:
+        return official
+    found = find(benchmark)
+    return None if found is None else found.strong_run_count
 
 
 def load_object(reference: str) -> Any:

@@ -5,7 +5,7 @@ init -> (stage) -> run_start -> (stage) -> setup -> {train an epoch, evaluate, t
 Inside the scored region a training step makes no host sync and no collective beyond DDP's own
 gradient all-reduce (none at all on accumulation micro-steps): the loss is checked for NaN/inf on
 the device, and the ranks agree on it where they sync anyway, at the end of each epoch (or every
-loop.finite_check_interval steps); the step itself is in common/epoch.py.
+loop.finite_check_interval steps); the step itself is in common/training/epoch.py.
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ from typing import Any, Literal
 
 import torch
 
-from mlhpc.common import run_events
-from mlhpc.common.batches import MEMORY_FORMATS
-from mlhpc.common.batches import to_device as to_device  # the benchmarks' loaders import it from here
-from mlhpc.common.distributed import DistContext
-from mlhpc.common.epoch import Aborted, Training, global_flops
-from mlhpc.common.loop_config import LoopConfig
-from mlhpc.common.mllogger import MLLog, constants
-from mlhpc.common.progress import SILENT, Progress, staging_line
-from mlhpc.common.registry import Benchmark
-from mlhpc.common.seeding import seed_everything
-from mlhpc.common.termination import worker_death_is_one_error
-from mlhpc.common.timing import Breakdown, PhaseTimer
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.cluster.termination import worker_death_is_one_error
+from mlhpc.common.contract.registry import Benchmark
+from mlhpc.common.training import run_events
+from mlhpc.common.training.batches import MEMORY_FORMATS
+from mlhpc.common.training.batches import (
+    to_device as to_device,  # the benchmarks' loaders import it from here
+)
+from mlhpc.common.training.epoch import Aborted, Training, global_flops
+from mlhpc.common.training.loop_config import LoopConfig
+from mlhpc.common.training.mllogger import MLLog, constants
+from mlhpc.common.training.progress import SILENT, Progress, staging_line
+from mlhpc.common.training.seeding import seed_everything
+from mlhpc.common.training.timing import Breakdown, PhaseTimer
 from mlhpc.common.vocabulary import Division, Status
 
 __all__ = [

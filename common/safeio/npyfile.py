@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlhpc.common.datasets import open_sample
 from mlhpc.common.errors import DataError
+from mlhpc.common.safeio.datasets import open_sample
 
 
 def check_npy(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from mlhpc.common import catalog
+from mlhpc.common.contract import catalog
 from mlhpc.common.errors import ConfigError
 
 BENCHMARKS = ("extreme_weather",)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from mlhpc.common.catalog import Target
+    from mlhpc.common.contract.catalog import Target
 
 
 HEARTBEAT_S = 10.0
@@ -129,11 +129,11 @@ class Progress:
             self.say(line, "green" if target.reached(value, threshold) else None)
 
     def say_if_slow(self, what: str) -> contextlib.AbstractContextManager[None]:
-        """common/waiting.py's `say_if_slow` on this channel: `what` once the body has taken 2 s
+        """common/display/waiting.py's `say_if_slow` on this channel: `what` once the body has taken 2 s
         (a spinner at a terminal), on the main rank only."""
         if self._console is None:
             return contextlib.nullcontext()
-        from mlhpc.common.waiting import say_if_slow
+        from mlhpc.common.display.waiting import say_if_slow
 
         return say_if_slow(what, stream=self.stream)
 

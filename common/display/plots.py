@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common.fileio import atomic_write_bytes
+from mlhpc.common.safeio.fileio import atomic_write_bytes
 
 
 def pyplot() -> Any:

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlhpc.common import safe_json
 from mlhpc.common.errors import MlhpcError
 from mlhpc.common.printable import shown
+from mlhpc.common.safeio import safe_json
 
 LOCK_NAME = ".mlhpc.lock"
 

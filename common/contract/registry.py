@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.common import catalog
-from mlhpc.common.catalog import BenchmarkInfo, Division, MemoryFormat, Target, info, names
+from mlhpc.common.contract import catalog
+from mlhpc.common.contract.catalog import BenchmarkInfo, Division, MemoryFormat, Target, info, names
 from mlhpc.common.errors import ConfigError
 
 __all__ = [

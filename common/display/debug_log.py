@@ -1,6 +1,6 @@
 """Where log records and library warnings go: people see mlhpc's own warnings, a file gets all.
 
-The terminal of a run is for the plan, the epochs and the results (`common/progress`). Warnings a
+The terminal of a run is for the plan, the epochs and the results (`common/training/progress`). Warnings a
 user cannot act on (a library's deprecation notice, a UserWarning from inside torch) and mlhpc's
 INFO records go only to a debug log file in the run's folder, one file per process, so that a
 failed run still leaves its whole story. `MLHPC_DEBUG=1` also shows everything on stderr.
@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlhpc.common.launch import host_label
+from mlhpc.common.cluster.launch import host_label
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlhpc.common.safe_read import read_bytes
+from mlhpc.common.safeio.safe_read import read_bytes
 
 MAX_DEPTH = 64
 """Deeper than any file mlhpc writes (they nest 4 levels at most)."""

@@ -19,10 +19,10 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from mlhpc.common.cluster.launch import LaunchInfo, NodeLayout, detect_launch, node_layout, uniform_layout
+from mlhpc.common.cluster.liveness import Heartbeat, Silence, host_store
+from mlhpc.common.cluster.threads import ThreadChoice, configure_threads
 from mlhpc.common.errors import ConfigError, MlhpcError, TrainingError
-from mlhpc.common.launch import LaunchInfo, NodeLayout, detect_launch, node_layout, uniform_layout
-from mlhpc.common.liveness import Heartbeat, Silence, host_store
-from mlhpc.common.threads import ThreadChoice, configure_threads
 
 Backend = Literal["auto", "gloo", "nccl", "horovod"]
 
@@ -53,7 +53,7 @@ class DistContext:
     layout: NodeLayout | None = None
     """Which ranks share a node, from their host names (None: not gathered; see `node_layout`)."""
     threads: ThreadChoice | None = None
-    """The CPU threads this rank's torch runs with, and why (common/threads)."""
+    """The CPU threads this rank's torch runs with, and why (common/cluster/threads)."""
     _hvd: Any = field(default=None, repr=False)
 
     @property
@@ -268,7 +268,7 @@ def collective_timeout() -> datetime.timedelta:
 
 
 _heartbeat: Heartbeat | None = None
-"""This process's heartbeat in its job's store (common/liveness), while it is in a group."""
+"""This process's heartbeat in its job's store (common/cluster/liveness), while it is in a group."""
 
 
 def join_group(

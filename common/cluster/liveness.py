@@ -9,7 +9,7 @@ beats apart: a rank whose counter stood still has died or cannot reach the store
 by the host name it left in the store when it joined. A store that cannot be reached at all is
 rank 0's node gone, or this node's own link.
 
-One heartbeat per process (the job's default group), started by `common.distributed` when it
+One heartbeat per process (the job's default group), started by `common.cluster.distributed` when it
 joins a group and stopped before the group is destroyed.
 """
 

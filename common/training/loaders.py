@@ -9,10 +9,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from mlhpc.common.distributed import DistContext
+from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError, MlhpcError
-from mlhpc.common.loop_config import LoopConfig
-from mlhpc.common.registry import DataBundle
+from mlhpc.common.training.loop_config import LoopConfig
 
 
 class OneLineLoader(DataLoader):
