@@ -30,8 +30,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # for tests.toy_benchmark; an installed mlhpc comes first
 
-from mlhpc.common.contract import registry  # noqa: E402
 from mlhpc.common.cluster.distributed import init_distributed  # noqa: E402
+from mlhpc.common.contract import registry  # noqa: E402
 from mlhpc.common.contract.config import load_config  # noqa: E402
 from mlhpc.common.safeio.locks import FolderBusy  # noqa: E402
 from mlhpc.generation import generate_dataset  # noqa: E402
