@@ -7,6 +7,6 @@
     display/   tables, figures, slow-step notes, log records -> the words, safeio, cluster
     training/  the one time-to-train loop                    -> every room above
 
-tests/test_import_rules.py holds these arrows. Importing this package does not import torch, so
+tests/cli/test_import_rules.py holds these arrows. Importing this package does not import torch, so
 staging and the submission checker use its torch-free modules on a login node.
 """

@@ -25,7 +25,7 @@
 # A trap writes $OUT/gpu_suite.md on any exit; the exit status is 1 when any step failed.
 #
 # GPU_SUITE_SMOKE=1 runs every step tiny on the CPU (no GPU preflight, no NCCL): the CI rehearsal
-# (tests/test_gpu_suite_rehearsal.py) runs it so, with the project installed by --target.
+# (tests/perf/test_gpu_suite_rehearsal.py) runs it so, with the project installed by --target.
 # GPU_SUITE_FAIL_STEP=<n> makes step n fail (that test checks the exit status with it).
 set -uo pipefail
 cd "$(dirname "$0")/.."

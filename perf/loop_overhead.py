@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.append(str(REPO))  # for tests.toy_benchmark; an installed mlhpc comes first
+sys.path.append(str(REPO))  # for tests.helpers.toy_benchmark; an installed mlhpc comes first
 
 from mlhpc.common.cluster.distributed import DistContext, init_distributed  # noqa: E402
 from mlhpc.common.contract import registry  # noqa: E402
@@ -36,7 +36,7 @@ from mlhpc.common.contract.config import load_config  # noqa: E402
 from mlhpc.common.contract.registry import DataBundle  # noqa: E402
 from mlhpc.common.training.batches import MEMORY_FORMATS, to_device  # noqa: E402
 from mlhpc.common.training.loop import resolve_memory_format  # noqa: E402
-from tests.toy_benchmark import run_toy  # noqa: E402
+from tests.helpers.toy_benchmark import run_toy  # noqa: E402
 
 COSMOFLOW = registry.get("cosmoflow")
 

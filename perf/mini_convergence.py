@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.append(str(REPO))  # for tests.toy_benchmark; an installed mlhpc comes first
+sys.path.append(str(REPO))  # for tests.helpers.toy_benchmark; an installed mlhpc comes first
 
 from mlhpc.common.cluster.distributed import init_distributed  # noqa: E402
 from mlhpc.common.contract import registry  # noqa: E402
 from mlhpc.common.contract.config import load_config  # noqa: E402
 from mlhpc.common.safeio.locks import FolderBusy  # noqa: E402
 from mlhpc.generation import generate_dataset  # noqa: E402
-from tests.toy_benchmark import run_toy  # noqa: E402
+from tests.helpers.toy_benchmark import run_toy  # noqa: E402
 
 WAIT_FOR_GENERATION_S = 900.0
 """How long a process waits for another one's generation into the same --work folder."""

@@ -3,7 +3,7 @@
 The checker runs the official compliance engine, its rule YAMLs and RCP data, replaces one helper
 of the engine's parser (guarded by a source hash in `compliance`), and scores energy with a copy of
 the result summarizer's power arithmetic (tested against it). `upstream_problems` says what no
-longer holds for the installed release; tests/test_submission_checker_upstream.py fails with it.
+longer holds for the installed release; tests/checker/test_submission_checker_upstream.py fails with it.
 """
 
 from __future__ import annotations

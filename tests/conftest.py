@@ -19,7 +19,7 @@ from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.vcluster_fixture"]  # the session's virtual Slurm cluster (fixture `vcluster`)
+pytest_plugins = ["tests.helpers.vcluster_fixture"]  # the session's virtual Slurm cluster (fixture `vcluster`)
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ class VelocitySGD(torch.optim.SGD):
     and NVIDIA's CosmoFlow FixedSGD update this way; torch's SGD puts lr outside (p -= lr v).
     `foreach` (the default) updates a group's tensors in a few multi-tensor kernels instead of a few
     per tensor; the same operations in the same order, so the same bits as the per-tensor loop
-    (tests/test_gpu_suite_optim.py)."""
+    (tests/perf/test_gpu_suite_optim.py)."""
 
     def __init__(self, params: Any, *, foreach: bool = True, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)

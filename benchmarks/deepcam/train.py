@@ -56,7 +56,7 @@ def build_optimizer(
 def lamb_multi_tensor(lamb: type) -> dict[str, Any]:
     """timm's Lamb steps all tensors of a group in multi-tensor (`_foreach_*`) kernels where it has
     that path (timm >= 1.0.20's `foreach`): on CUDA only, timm's default, because on the CPU the
-    two paths round differently (tests/test_gpu_suite_optim.py). An older timm steps per tensor."""
+    two paths round differently (tests/perf/test_gpu_suite_optim.py). An older timm steps per tensor."""
     return {"foreach": None} if "foreach" in inspect.signature(lamb.__init__).parameters else {}
 
 

@@ -107,7 +107,7 @@ def _positional(value: object) -> list[str]:
 
 
 # Every RunOptions field and how it is written: a field missing here is a KeyError in to_argv and a
-# failing test (tests/test_run_options.py), so a new option cannot be dropped on the way to a job.
+# failing test (tests/campaign/test_run_options.py), so a new option cannot be dropped on the way to a job.
 _ARGV: dict[str, Callable[[Any], list[str]]] = {
     "benchmark": _positional,
     "overrides": _positional,

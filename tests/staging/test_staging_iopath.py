@@ -1,0 +1,179 @@
+"""The I/O path a staging job takes (`iopath`), and the buffered copy's promises (`buffered`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from mlhpc.common.errors import StagingError
+from mlhpc.staging import StageRequest, stage_dataset, verify_staged
+from mlhpc.staging import finish as finish_module
+from mlhpc.staging.buffered import SLICE_BYTES, copy_buffered
+from mlhpc.staging.iopath import cached_fraction, cgroup_room, decide, resident_bytes
+from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
+from tests.conftest import cli_env, dataset_files
+
+MIB = 1 << 20
+
+
+def test_auto_takes_the_page_cache_when_the_share_fits_or_the_source_is_cached() -> None:
+    fits = decide("auto", 100 * MIB, 1000 * MIB, 0.0, direct_ok=True)
+    assert (fits.direct_reads, fits.direct_writes, fits.label) == (False, False, "buffered")
+    assert fits.reason.startswith("auto: share fits in memory") and "1000 MiB" in fits.reason
+    cached = decide("auto", 5000 * MIB, 1000 * MIB, 0.95, direct_ok=True)
+    assert cached.label == "buffered" and "already in page cache" in cached.reason
+    assert cached.source_cached and not fits.source_cached
+
+
+def test_auto_goes_around_the_page_cache_when_the_share_does_not_fit() -> None:
+    big = decide("auto", 600 * MIB, 1000 * MIB, 0.2, direct_ok=True)  # more than half of memory
+    assert (big.direct_reads, big.direct_writes, big.label) == (True, True, "direct")
+    assert "larger than memory allows" in big.reason
+    tmpfs = decide("auto", 600 * MIB, 1000 * MIB, 0.2, direct_ok=False)  # DEST takes no O_DIRECT
+    assert tmpfs.label == "direct reads, buffered writes"
+    unknown = decide("auto", 1, None, 0.0, direct_ok=True)  # memory unknown: not taken to fit
+    assert unknown.label == "direct" and "memory available unknown" in unknown.reason
+
+
+def test_io_can_be_forced_and_an_unknown_choice_is_refused() -> None:
+    assert decide("buffered", 10_000 * MIB, 1000 * MIB, 0.0, True).label == "buffered"
+    assert decide("direct", 1 * MIB, 1000 * MIB, 1.0, True).label == "direct"
+    with pytest.raises(StagingError, match="io='fast' is unknown; use one of auto, buffered, direct, kernel"):
+        decide("fast", 1, 1, 0.0, True)
+
+
+def test_cgroup_room_reads_v1_and_v2_limits_with_reclaimable_cache(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2" / "job"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text(f"{1000 * MIB}\n")
+    (v2 / "memory.current").write_text(f"{700 * MIB}\n")
+    (v2 / "memory.stat").write_text(f"anon 1\ninactive_file {200 * MIB}\n")
+    (tmp_path / "v2" / "memory.max").write_text("max\n")  # the parent: no limit
+    (tmp_path / "self-v2").write_text("0::/job\n")
+    assert cgroup_room(tmp_path / "self-v2", tmp_path / "v2") == [500 * MIB]
+    v1 = tmp_path / "v1" / "memory" / "a" / "b"
+    v1.mkdir(parents=True)
+    for folder, limit, usage in ((v1, 300, 100), (v1.parent, 150, 100)):  # the parent's is tighter
+        (folder / "memory.limit_in_bytes").write_text(f"{limit * MIB}\n")
+        (folder / "memory.usage_in_bytes").write_text(f"{usage * MIB}\n")
+        (folder / "memory.stat").write_text("total_inactive_file 0\n")
+    (tmp_path / "self-v1").write_text("7:blkio:/\n4:memory:/a/b\n")
+    assert sorted(cgroup_room(tmp_path / "self-v1", tmp_path / "v1")) == [50 * MIB, 200 * MIB]
+    assert cgroup_room(tmp_path / "missing", tmp_path) == []
+
+
+def test_mincore_sees_what_the_page_cache_holds(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(4 * MIB))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.read(fd, 4 * MIB)
+        assert resident_bytes(str(path)) == (4 * MIB, 4 * MIB)
+        os.fsync(fd)  # clean pages, which DONTNEED drops
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    resident, size = resident_bytes(str(path))
+    assert size == 4 * MIB and resident < MIB
+    assert cached_fraction([str(path)]) < 0.25
+    assert cached_fraction([]) == 0.0 and resident_bytes(str(tmp_path / "missing")) == (0, 0)
+
+
+def small_source(root: Path, count: int = 30, size: int = 5000) -> Path:
+    for i in range(count):
+        (root / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % 3}" / f"f{i:03d}.bin").write_bytes(os.urandom(size + i))
+    build_manifest(root).write(root / MANIFEST_NAME)
+    return root
+
+
+@pytest.mark.parametrize("io", ["auto", "buffered", "direct"])
+def test_every_io_path_stages_a_verified_copy(tmp_path: Path, io: str) -> None:
+    src = small_source(tmp_path / "src")
+    (src / "big.bin").write_bytes(os.urandom(2 * SLICE_BYTES + 123))  # sliced, and read with O_DIRECT
+    build_manifest(src).write(src / MANIFEST_NAME)
+    report = stage_dataset(StageRequest(src, tmp_path / "dest", io=io, workers=4))
+    assert report.io is not None and report.io.label == ("direct" if io == "direct" else "buffered")
+    assert report.metadata()["staging_io"] == report.io.label
+    assert verify_staged(tmp_path / "dest") == 31 and dataset_files(tmp_path / "dest") == dataset_files(src)
+
+
+def test_a_buffered_copy_is_verified_before_it_gets_its_name(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (dest / "sub").mkdir(parents=True)
+    (src / "sub").mkdir(parents=True)
+    for size in (5000, 2 * SLICE_BYTES + 7):  # whole-file and sliced
+        data = os.urandom(size)
+        (src / "sub" / "f.bin").write_bytes(data)
+        listed = FileEntry("sub/f.bin", size, xxhash.xxh3_128(b"other bytes").hexdigest())
+        with pytest.raises(StagingError, match=r"sub/f\.bin fails its xxh3_128 check.*stage again"):
+            copy_buffered(str(src), str(dest), listed, "xxh3_128", None)
+        assert list(dest.rglob("*")) == [dest / "sub"]  # nothing renamed into place, no partial left
+        good = FileEntry("sub/f.bin", size, xxhash.xxh3_128(data).hexdigest())
+        staged = copy_buffered(str(src), str(dest), good, "xxh3_128", None)
+        assert (dest / "sub" / "f.bin").read_bytes() == data and staged.checksum == good.checksum
+        (dest / "sub" / "f.bin").unlink()
+
+
+@pytest.mark.parametrize("actual", [4999, 5001, SLICE_BYTES + 1])
+def test_a_buffered_copy_names_a_file_that_shrank_or_grew(tmp_path: Path, actual: int) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(os.urandom(actual))
+    (tmp_path / "dest").mkdir()
+    with pytest.raises(StagingError, match=r"f\.bin gave \d+ bytes, its listing says 5000.*regenerate"):
+        copy_buffered(
+            str(tmp_path / "src"), str(tmp_path / "dest"), FileEntry("f.bin", 5000, ""), "xxh3_128", None
+        )
+    assert list((tmp_path / "dest").iterdir()) == []
+
+
+def test_a_buffered_copy_keeps_the_source_mode_less_setuid(tmp_path: Path) -> None:
+    src = small_source(tmp_path / "src", count=2)
+    os.chmod(src / "d0" / "f000.bin", 0o4640)
+    stage_dataset(StageRequest(src, tmp_path / "dest", io="buffered"))
+    assert (tmp_path / "dest" / "d0" / "f000.bin").stat().st_mode & 0o7777 == 0o640
+
+
+def test_a_buffered_copy_does_not_follow_a_planted_link(tmp_path: Path) -> None:
+    src = small_source(tmp_path / "src", count=3)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    stage_dataset(StageRequest(src, dest, io="buffered"))
+    (dest / "d1").rename(tmp_path / "d1-moved")
+    (dest / "d1").symlink_to(outside)
+    with pytest.raises(StagingError, match=r"goes through the symlink 'd1'; refused"):
+        stage_dataset(StageRequest(src, dest, io="buffered"))
+    assert list(outside.iterdir()) == []
+
+
+def test_durable_syncs_before_the_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = small_source(tmp_path / "src", count=3)
+    synced: list[bool] = []
+    real = finish_module.sync_filesystem
+    monkeypatch.setattr(
+        finish_module,
+        "sync_filesystem",
+        lambda folder: synced.append((folder / finish_module.STAGED_MARKER).exists()) or real(folder),
+    )
+    assert not stage_dataset(StageRequest(src, tmp_path / "plain")).durable and synced == []
+    report = stage_dataset(StageRequest(src, tmp_path / "durable", durable=True))
+    assert report.durable and report.metadata()["staging_durable"] is True
+    assert synced == [False]  # synced once, before the marker was written
+
+
+def test_the_cli_takes_io_and_durable_and_refuses_an_unknown_io(tmp_path: Path) -> None:
+    src = small_source(tmp_path / "src", count=3)
+    command = [sys.executable, "-m", "mlhpc", "stage", str(src), str(tmp_path / "dest")]
+    done = subprocess.run(
+        [*command, "--io", "direct", "--durable"], capture_output=True, text=True, env=cli_env()
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("I/O direct")
+    bad = subprocess.run([*command, "--io", "fast"], capture_output=True, text=True, env=cli_env())
+    assert bad.returncode == 2 and "invalid choice: 'fast'" in bad.stderr
