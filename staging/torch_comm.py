@@ -10,7 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mlhpc.common.cluster.distributed import gather_node_layout, join_group, lost_ranks, shutdown_distributed
+from mlhpc.common.cluster.distributed import gather_node_layout
+from mlhpc.common.cluster.group import join_group, lost_ranks, shutdown_distributed
 from mlhpc.common.cluster.launch import LaunchInfo, NodeLayout, uniform_layout
 from mlhpc.staging.comm import topology_of
 

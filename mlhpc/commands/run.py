@@ -280,7 +280,8 @@ def _run(args: argparse.Namespace) -> int:
 def _train_here(opts: RunOptions, seed_file: Path | None) -> int:
     """Run the campaign on this process's ranks; rank 0 prints what each run did."""
     from mlhpc.campaign.local import run_campaign
-    from mlhpc.common.cluster.distributed import init_distributed, lost_rank_named, shutdown_distributed
+    from mlhpc.common.cluster.distributed import init_distributed
+    from mlhpc.common.cluster.group import lost_rank_named, shutdown_distributed
     from mlhpc.common.display.debug_log import debug_log
     from mlhpc.common.safeio.fileio import atomic_write_text
 

@@ -19,7 +19,8 @@ from tests.conftest import cli_env
 RANKS = """
 import json, sys
 from pathlib import Path
-from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 from mlhpc.common.cluster.launch import node_layout
 ctx = init_distributed("auto", "cpu")
 same = ctx.split(1)

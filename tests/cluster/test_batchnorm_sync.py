@@ -18,7 +18,8 @@ SCRIPT = """
 import json, os, sys
 from pathlib import Path
 import torch
-from mlhpc.common.cluster.distributed import average_batchnorm_statistics, init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import average_batchnorm_statistics, init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 
 ctx = init_distributed("gloo", "cpu")
 torch.manual_seed(0)

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.distributed
 
 COLLECTIVES = """
 import json, sys, torch
-from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 ctx = init_distributed("gloo", "cpu")
 total = ctx.all_reduce_sum(torch.tensor([float(ctx.rank + 1)]))
 word = ctx.broadcast_object("from-rank-0" if ctx.rank == 0 else None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.common.cluster.distributed import collective_reason, collective_timeout
+from mlhpc.common.cluster.group import collective_reason, collective_timeout
 from mlhpc.common.cluster.liveness import HOST_WAIT_S, LISTEN_S, STORE_TIMEOUT_S
 from mlhpc.common.errors import ConfigError
 from tests.conftest import cli_env
@@ -29,7 +29,8 @@ EXIT_S = 8.0
 RANKS = """
 import json, os, signal, sys, time
 import torch
-from mlhpc.common.cluster.distributed import init_distributed, lost_rank_named, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import lost_rank_named, shutdown_distributed
 from mlhpc.common.errors import MlhpcError
 
 out, fault, victim = sys.argv[1], sys.argv[2], int(sys.argv[3])

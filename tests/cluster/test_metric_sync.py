@@ -23,7 +23,8 @@ import json, sys
 from pathlib import Path
 import torch
 from mlhpc.benchmarks.extreme_weather import evaluation
-from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 
 class FixedDetector(torch.nn.Module):
     '''Detects the box each image holds exactly (rank 0) or far away from it (rank 1).'''
@@ -66,7 +67,8 @@ import json, sys
 from pathlib import Path
 import torch
 from mlhpc.benchmarks.extreme_weather import evaluation
-from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 from tests.cluster.test_metric_sync import detections, snapshots
 
 class IndexDetector(torch.nn.Module):

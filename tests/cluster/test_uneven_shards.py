@@ -25,7 +25,8 @@ import json, sys
 from pathlib import Path
 from mlhpc.benchmarks.cosmoflow import data as cosmoflow
 from mlhpc.benchmarks.deepcam import data as deepcam
-from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 from mlhpc.common.training.loaders import torch_data_bundle
 from mlhpc.common.training.loop_config import LoopConfig
 from tests.cluster.test_uneven_shards import CubeMean, FieldClass, cosmo_set, deepcam_set

@@ -191,7 +191,8 @@ _COUNT_COLLECTIVES = """
 import json, sys
 from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
-from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 from tests.helpers.toy_benchmark import make_config, run_toy
 
 ctx = init_distributed("gloo", "cpu")

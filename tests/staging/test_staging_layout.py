@@ -100,7 +100,8 @@ def test_a_horovod_rank_gets_barriers_on_runs_of_its_local_size() -> None:
 RUN_RANKS = """
 import json, sys
 from pathlib import Path
-from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed
+from mlhpc.common.cluster.distributed import init_distributed
+from mlhpc.common.cluster.group import shutdown_distributed
 from mlhpc.staging import comm_for
 ctx = init_distributed("auto", "cpu")
 whole = comm_for(ctx)
