@@ -95,7 +95,7 @@ def _generate(data_dir: Path, write: Any) -> bool:
             time.sleep(2.0)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -109,12 +109,40 @@ def main() -> None:
     parser.add_argument("--record", type=Path, help="append one JSON line per seed to this file")
     parser.add_argument("--summary", type=Path, help="print the figures over a --record file and exit")
     args = parser.parse_intermixed_args()
+    if args.summary is None and args.benchmark is None:
+        parser.error("name a benchmark, or pass --summary FILE")
+    return args
+
+
+def one_seed(
+    args: argparse.Namespace, bench: Any, cfg: Any, ctx: Any, data_dir: Path, seed: int
+) -> dict[str, Any]:
+    """Train one seed to the target (or the epoch cap) and print its line."""
+    started = time.perf_counter()
+    result = run_toy(cfg, ctx, None, seed=seed, bench=bench, data_dir=data_dir)
+    record = {
+        "benchmark": bench.name,
+        "config": args.config,
+        "overrides": args.overrides,
+        "seed": seed,
+        "reached": result.status == "success",
+        "epochs": result.epochs,
+        "seconds": round(time.perf_counter() - started, 1),
+        "metrics": [round(m, 4) for m in result.metrics],
+    }
+    print(
+        f"seed {seed}: {'reached' if record['reached'] else 'NOT reached'} in {result.epochs} epochs "
+        f"({record['seconds']:.0f} s), {bench.target.metric} " + " ".join(f"{m:.3f}" for m in result.metrics),
+        flush=True,
+    )
+    return record
+
+
+def main() -> None:
+    args = parse_args()
     if args.summary is not None:
         print("\n".join(summarize(read_records(args.summary))))
         return
-    if args.benchmark is None:
-        parser.error("name a benchmark, or pass --summary FILE")
-
     bench = registry.get(args.benchmark)
     cfg = load_config(bench.config_class, bench.config_path(args.config), args.overrides)
     # One dataset per config and data overrides (the data.* settings decide what is generated).
@@ -128,28 +156,10 @@ def main() -> None:
     seeds = seed_range(args.seeds)
     print(f"seeds: {','.join(map(str, seeds))}", flush=True)
     for seed in seeds:
-        started = time.perf_counter()
-        result = run_toy(cfg, ctx, None, seed=seed, bench=bench, data_dir=data_dir)
-        record = {
-            "benchmark": bench.name,
-            "config": args.config,
-            "overrides": args.overrides,
-            "seed": seed,
-            "reached": result.status == "success",
-            "epochs": result.epochs,
-            "seconds": round(time.perf_counter() - started, 1),
-            "metrics": [round(m, 4) for m in result.metrics],
-        }
-        records.append(record)
+        records.append(one_seed(args, bench, cfg, ctx, data_dir, seed))
         if args.record is not None:
             with args.record.open("a", encoding="utf-8") as handle:  # one line per seed: chunks append
-                handle.write(json.dumps(record) + "\n")
-        print(
-            f"seed {seed}: {'reached' if record['reached'] else 'NOT reached'} in {result.epochs} epochs "
-            f"({record['seconds']:.0f} s), {bench.target.metric} "
-            + " ".join(f"{m:.3f}" for m in result.metrics),
-            flush=True,
-        )
+                handle.write(json.dumps(records[-1]) + "\n")
     print("\n".join(summarize(records)[1:]))
 
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlhpc.commands import add_command, refuse_bad_counts
 from mlhpc.commands.manifest import write_manifest
@@ -15,6 +16,9 @@ from mlhpc.common.errors import ConfigError
 from mlhpc.common.vocabulary import IO_CHOICES
 from mlhpc.staging.plan import MODES
 from mlhpc.staging.request import DEFAULT_WORKERS
+
+if TYPE_CHECKING:
+    from mlhpc.staging.request import StageReport
 
 
 def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
@@ -111,17 +115,22 @@ def _stage(args: argparse.Namespace) -> int:
     finally:
         comm.close()
     if comm.rank == 0:
-        for warning in report.warnings:
-            print(f"mlhpc: warning: {warning}", file=sys.stderr)
-        if report.checked_by == "identity" and report.skipped_files:
-            from mlhpc.staging.request import IDENTITY_PROMISE
-
-            print(f"{args.src} has no manifest: {IDENTITY_PROMISE}; mlhpc manifest {args.src} adds checksums")
-        rate = report.bytes / max(report.seconds, 1e-9) / 1e6
-        print(
-            f"staged {report.files} files, {report.bytes} bytes to {report.dest} in {report.seconds:.2f} s "
-            f"({rate:.0f} MB/s; mode {report.mode}, {report.num_nodes} node(s)); copied {report.copied_files}, "
-            f"skipped {report.skipped_files} already staged; the job read {report.job_read_bytes} source bytes; "
-            f"I/O {report.io.label if report.io else '-'}"
-        )
+        _print_report(args.src, report)
     return 0
+
+
+def _print_report(src: Path, report: StageReport) -> None:
+    """Rank 0's summary: the warnings, what checked the files, and one line of figures."""
+    for warning in report.warnings:
+        print(f"mlhpc: warning: {warning}", file=sys.stderr)
+    if report.checked_by == "identity" and report.skipped_files:
+        from mlhpc.staging.request import IDENTITY_PROMISE
+
+        print(f"{src} has no manifest: {IDENTITY_PROMISE}; mlhpc manifest {src} adds checksums")
+    rate = report.bytes / max(report.seconds, 1e-9) / 1e6
+    print(
+        f"staged {report.files} files, {report.bytes} bytes to {report.dest} in {report.seconds:.2f} s "
+        f"({rate:.0f} MB/s; mode {report.mode}, {report.num_nodes} node(s)); copied {report.copied_files}, "
+        f"skipped {report.skipped_files} already staged; the job read {report.job_read_bytes} source bytes; "
+        f"I/O {report.io.label if report.io else '-'}"
+    )
