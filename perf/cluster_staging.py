@@ -50,16 +50,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc.staging.exchange import HEADER_BYTES, chunk_size
-from mlhpc.staging.manifest import FileEntry
-from mlhpc.staging.plan import balance, plan_exchange
 from mlhpc.staging.request import DEFAULT_CHUNK_BYTES
+from mlhpc.staging.study.model import MODES, Setup, crossover, model_crossover, model_seconds
 
 REPO = Path(__file__).resolve().parent.parent
-VCLUSTER = REPO / "scripts" / "vcluster"
-MODES = ("copy", "replicate", "shard")
-GOODPUT = 1448 / 1514
-"""TCP payload per full Ethernet frame (MTU 1500, TCP timestamps on): tc's rate counts whole
-frames, the staging counts payload."""
+sys.path.append(str(REPO))  # after the installed mlhpc: the repo's scripts/ package, vcluster's client
+from scripts.vclusterlib.base import VclusterError  # noqa: E402
+from scripts.vclusterlib.client import VCLUSTER, run_vcluster, seen_by_nodes  # noqa: E402
+from scripts.vclusterlib.network import rate_bytes_s  # noqa: E402
+
 COLUMNS = [
     "date", "commit", "nodes", "mode", "repeat", "stage_s", "wall_s", "dataset_bytes", "files",
     "link", "fs", "job_read_bytes", "stage_cpu_s", "stage_wait_s", "window_s", "sshfs_cpu_s", "host_busy",
@@ -71,103 +70,12 @@ class StudyError(Exception):
     """One line for the user: what failed and what to do."""
 
 
-# --- the model (pure) ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Setup:
-    """The bandwidths that bound staging on the virtual cluster, as tc shapes them."""
-
-    link_bit_s: float
-    """Each compute node's link, each direction (tc rate, bits per second)."""
-    fs_bit_s: float
-    """The storage node's link: the shared file system's bandwidth for all clients together."""
-    overhead_s: float = 0.0
-    """The fixed cost of one staging (measured with a tiny dataset, `calibrate`)."""
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    """`mlhpc stage --chunk-mib`: the exchange's chunk per node and round."""
-    allgather_bytes_s: tuple[tuple[int, float], ...] = ()
-    """(nodes, bytes per second into each node) of the exchange's all-gather alone, measured
-    (`allgather`); a node count not listed moves at the link's rate."""
-
-    def gather_bytes_s(self, nodes: int) -> float:
-        return dict(self.allgather_bytes_s).get(nodes, self.link_bytes_s)
-
-    @property
-    def link_bytes_s(self) -> float:
-        return self.link_bit_s / 8 * GOODPUT
-
-    @property
-    def fs_bytes_s(self) -> float:
-        return self.fs_bit_s / 8 * GOODPUT
-
-
-def entries(sizes: Sequence[int]) -> list[FileEntry]:
-    return [FileEntry(f"f{i:05d}.bin", size, "") for i, size in enumerate(sizes)]
-
-
-def model_seconds(mode: str, nodes: int, sizes: Sequence[int], setup: Setup) -> float:
-    """Seconds `mlhpc stage --mode MODE` takes on `nodes` nodes for files of `sizes` bytes.
-
-    Every node's data comes in over its own link (B_l) and all file-system reads share the
-    storage link (B_fs). copy: each node reads all S, the storage link carries N x S.
-    shard: each node reads its share (the planner's `balance`), S in total. replicate (N > 1):
-    each node reads its stream (the planner's `plan_exchange`), S in total; the exchange
-    (`staging/exchange.py`) runs R rounds of a ring all-gather (gloo) that brings each node the
-    other N-1 chunks of the round, each padded to the full chunk plus a header. Reading and
-    gathering are counted one after the other: the trace in docs/STAGING.md shows the reads
-    taking the shared incoming link while they run (the reader runs up to three chunks ahead)
-    and the all-gathers moving at their own rate after them.
-    """
-    total = sum(sizes)
-    fs, link = setup.fs_bytes_s, setup.link_bytes_s
-    if nodes == 1 or mode == "copy":
-        return setup.overhead_s + max(nodes * total / fs, total / link)
-    if mode == "shard":
-        share = max(sum(f.size for f in b) for b in balance(entries(sizes), nodes))
-        return setup.overhead_s + max(total / fs, share / link)
-    if mode != "replicate":
-        raise ValueError(f"mode={mode!r}: give one of {', '.join(MODES)}")
-    exchange = plan_exchange(entries(sizes), [frozenset()] * nodes)
-    longest = max(exchange.stream_bytes(n) for n in range(nodes))
-    chunk = chunk_size(setup.chunk_bytes, nodes)
-    gathered = exchange.rounds(chunk) * (nodes - 1) * (chunk + HEADER_BYTES)  # into each node
-    return setup.overhead_s + max(total / fs, longest / link) + gathered / setup.gather_bytes_s(nodes)
-
-
-def crossover(nodes: Sequence[int], copy_s: Sequence[float], replicate_s: Sequence[float]) -> float | None:
-    """The node count from which "every node reads" (copy) is slower than "read once"
-    (replicate) at every larger count, interpolated linearly between the two counts around it;
-    None when copy is never slower at the largest count."""
-    diff = [c - r for c, r in zip(copy_s, replicate_s, strict=True)]
-    if not diff or diff[-1] <= 0:
-        return None
-    last = max((i for i, d in enumerate(diff) if d <= 0), default=None)
-    if last is None:
-        return float(nodes[0])
-    n0, n1, d0, d1 = nodes[last], nodes[last + 1], diff[last], diff[last + 1]
-    return n0 + (n1 - n0) * (-d0) / (d1 - d0)
-
-
-def model_crossover(sizes: Sequence[int], setup: Setup, largest: int = 64) -> float | None:
-    """The model's crossover over every whole node count up to `largest`."""
-    counts = list(range(1, largest + 1))
-    return crossover(
-        counts,
-        [model_seconds("copy", n, sizes, setup) for n in counts],
-        [model_seconds("replicate", n, sizes, setup) for n in counts],
-    )
-
-
-RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmg]?)bit$")
-
-
 def bits_per_s(rate: str) -> float:
-    """tc's rate syntax (50mbit, 1gbit) in bits per second."""
-    match = RATE.match(rate.lower())
-    if match is None:
-        raise StudyError(f"rate {rate!r}: give it as tc does, e.g. 50mbit or 1gbit")
-    return float(match.group(1)) * 1000 ** " kmg".index(match.group(2) or " ")
+    """tc's rate syntax (50mbit, 1gbit) in bits per second: vcluster's parser, this study's error."""
+    try:
+        return rate_bytes_s(rate) * 8
+    except VclusterError:
+        raise StudyError(f"rate {rate!r}: give it as tc does, e.g. 50mbit or 1gbit") from None
 
 
 # --- the cluster --------------------------------------------------------------------------------
@@ -178,18 +86,8 @@ def work_dir(name: str) -> Path:
     return Path(os.environ.get("CLUSTER_STAGING_WORK", "/var/tmp")) / f"mlhpc-cluster-staging-{name}"
 
 
-def _seen_by_nodes(work: Path) -> list[str]:
-    """`--see` for what the nodes must reach inside the host's /tmp (each node has its own /tmp):
-    this checkout, its Python and the study's work folder, where they lie there."""
-    tmp = Path("/tmp").resolve()
-    wanted = {p.resolve() for p in (Path(__file__).parents[1], Path(sys.prefix), work)}
-    inside = {p for p in wanted if tmp in p.parents}
-    return [a for p in sorted(inside) if not any(q in p.parents for q in inside) for a in ("--see", str(p))]
-
-
 def vcluster(name: str, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(VCLUSTER), args[0], "--name", name, *args[1:]]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=client_env())
+    proc = run_vcluster(args[0], "--name", name, *args[1:], timeout=timeout, env=client_env())
     if check and proc.returncode != 0:
         raise StudyError(
             f"scripts/vcluster {' '.join(args[:2])} failed: {(proc.stderr or proc.stdout).strip()[-400:]}"
@@ -252,7 +150,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     make_dataset(work / "data", args.total_mib, args.file_mib)
     _tiny(work / "tiny")
     smalls = [f"--small-local={n}:{local_mib}M" for n in nodes] + [f"--small-local={storage}:16M"]
-    vcluster(args.name, "up", "--nodes", str(args.nodes + 1), "--rate", args.link, *smalls, *_seen_by_nodes(work))
+    see = seen_by_nodes([REPO, Path(sys.prefix), work])
+    vcluster(args.name, "up", "--nodes", str(args.nodes + 1), "--rate", args.link, *smalls, *see)
     vcluster(args.name, "shape", storage, "--rate", args.fs)
     on_host(args.name, "login", f"scontrol update NodeName={storage} State=DRAIN Reason=storage")
     setup.update(start_storage(args.name, work, storage))

@@ -16,7 +16,7 @@ from .base import NAME_RE, VclusterError, in_ns, shown
 from .down import cmd_down
 from .network import apply_shape, check_delay, rate_bytes_s
 from .procs import holder_keys, running
-from .state import ROOT, check_root, load_state, locked, read_state, save_state, state_dir
+from .state import check_root, load_state, locked, read_state, root, save_state, state_dir
 from .up import cmd_up
 
 
@@ -77,7 +77,7 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 def cmd_list(args: argparse.Namespace) -> None:
     clusters = []
-    for sdir in sorted(ROOT.iterdir()) if check_root(create=False) else []:
+    for sdir in sorted(root().iterdir()) if check_root(create=False) else []:
         if stat.S_ISREG(os.lstat(sdir).st_mode):  # a folder or a link in its place is listed
             continue
         try:

@@ -10,13 +10,13 @@ import re
 from typing import Any
 
 from .base import DELAY_RE, SUBNET_BASE, VclusterError, in_ns, run
-from .state import ROOT, read_state
+from .state import read_state, root
 
 
 def pick_index() -> int:
     """A subnet (10.213.K.0/24) and port block K that no other cluster here and no host route uses."""
     taken = set()
-    for other in ROOT.iterdir():
+    for other in root().iterdir():
         with contextlib.suppress(OSError, VclusterError):
             taken.add(read_state(other).get("index"))
     host_nets = []

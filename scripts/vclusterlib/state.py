@@ -68,6 +68,11 @@ def check_root(*, create: bool) -> bool:
     return True
 
 
+def root() -> Path:
+    """VCLUSTER_ROOT (read here, at call time, so the tests can point it elsewhere)."""
+    return ROOT
+
+
 def state_dir(name: str) -> Path:
     return ROOT / name
 

@@ -22,10 +22,10 @@ from .state import (
     HOST_DIR,
     HOST_LOCAL,
     LOCAL_MADE,
-    ROOT,
     check_root,
     locked,
     read_state,
+    root,
     save_state,
     state_dir,
 )
@@ -126,7 +126,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     sdir = state_dir(args.name)
     check_root(create=True)
     clear_leftover(args.name)
-    with locked(ROOT):
+    with locked(root()):
         if os.path.lexists(sdir):
             raise VclusterError(f"cluster '{args.name}' is being started by another command ({sdir})")
         k = pick_index()

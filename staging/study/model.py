@@ -1,4 +1,6 @@
-"""A paper model of staging time against node count, for datasets too large for this machine.
+"""The staging-time model, one per scale: a paper model against node count for datasets too
+large for this machine (`staging_time`), and the model of `mlhpc stage` on the virtual cluster
+that perf/cluster_staging.py measures (`model_seconds`, with the exchange's rounds).
 
 Staging is a pipeline (read from the shared file system, send over the network, write to
 node-local disk), so its time is set by its slowest stage; each mode loads the stages
@@ -7,12 +9,17 @@ differently. All bandwidths are in bytes per second and are assumptions, stated 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlhpc.staging.plan import Mode
+from mlhpc.staging.exchange import HEADER_BYTES, chunk_size
+from mlhpc.staging.manifest import FileEntry
+from mlhpc.staging.plan import Mode, balance, plan_exchange
+from mlhpc.staging.request import DEFAULT_CHUNK_BYTES
 
 TB = 10**12
 GB = 10**9
+MODES: tuple[Mode, ...] = ("copy", "replicate", "shard")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,11 +76,10 @@ DATASETS = {
 
 def model_table(cluster: Cluster, node_counts: tuple[int, ...] = (1, 16, 64, 256, 1024)) -> str:
     """A markdown table: minutes to stage each dataset per mode and node count."""
-    modes: tuple[Mode, ...] = ("copy", "replicate", "shard")
     head = "| dataset | mode | " + " | ".join(f"{n} node{'s' * (n > 1)}" for n in node_counts) + " |"
     lines = [head, "|" + "---|" * (2 + len(node_counts))]
     for name, size in DATASETS.items():
-        for mode in modes:
+        for mode in MODES:
             cells = []
             for n in node_counts:
                 e = staging_time(size, n, mode, cluster)
@@ -84,3 +90,96 @@ def model_table(cluster: Cluster, node_counts: tuple[int, ...] = (1, 16, 64, 256
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+GOODPUT = 1448 / 1514
+"""TCP payload per full Ethernet frame (MTU 1500, TCP timestamps on): tc's rate counts whole
+frames, the staging counts payload."""
+
+
+# --- on the virtual cluster (perf/cluster_staging.py): tc-shaped links, sshfs as the shared FS ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """The bandwidths that bound staging on the virtual cluster, as tc shapes them."""
+
+    link_bit_s: float
+    """Each compute node's link, each direction (tc rate, bits per second)."""
+    fs_bit_s: float
+    """The storage node's link: the shared file system's bandwidth for all clients together."""
+    overhead_s: float = 0.0
+    """The fixed cost of one staging (measured with a tiny dataset, `calibrate`)."""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    """`mlhpc stage --chunk-mib`: the exchange's chunk per node and round."""
+    allgather_bytes_s: tuple[tuple[int, float], ...] = ()
+    """(nodes, bytes per second into each node) of the exchange's all-gather alone, measured
+    (`allgather`); a node count not listed moves at the link's rate."""
+
+    def gather_bytes_s(self, nodes: int) -> float:
+        return dict(self.allgather_bytes_s).get(nodes, self.link_bytes_s)
+
+    @property
+    def link_bytes_s(self) -> float:
+        return self.link_bit_s / 8 * GOODPUT
+
+    @property
+    def fs_bytes_s(self) -> float:
+        return self.fs_bit_s / 8 * GOODPUT
+
+
+def entries(sizes: Sequence[int]) -> list[FileEntry]:
+    return [FileEntry(f"f{i:05d}.bin", size, "") for i, size in enumerate(sizes)]
+
+
+def model_seconds(mode: str, nodes: int, sizes: Sequence[int], setup: Setup) -> float:
+    """Seconds `mlhpc stage --mode MODE` takes on `nodes` nodes for files of `sizes` bytes.
+
+    Every node's data comes in over its own link (B_l) and all file-system reads share the
+    storage link (B_fs). copy: each node reads all S, the storage link carries N x S.
+    shard: each node reads its share (the planner's `balance`), S in total. replicate (N > 1):
+    each node reads its stream (the planner's `plan_exchange`), S in total; the exchange
+    (`staging/exchange.py`) runs R rounds of a ring all-gather (gloo) that brings each node the
+    other N-1 chunks of the round, each padded to the full chunk plus a header. Reading and
+    gathering are counted one after the other: the trace in docs/STAGING.md shows the reads
+    taking the shared incoming link while they run (the reader runs up to three chunks ahead)
+    and the all-gathers moving at their own rate after them.
+    """
+    total = sum(sizes)
+    fs, link = setup.fs_bytes_s, setup.link_bytes_s
+    if nodes == 1 or mode == "copy":
+        return setup.overhead_s + max(nodes * total / fs, total / link)
+    if mode == "shard":
+        share = max(sum(f.size for f in b) for b in balance(entries(sizes), nodes))
+        return setup.overhead_s + max(total / fs, share / link)
+    if mode != "replicate":
+        raise ValueError(f"mode={mode!r}: give one of {', '.join(MODES)}")
+    exchange = plan_exchange(entries(sizes), [frozenset()] * nodes)
+    longest = max(exchange.stream_bytes(n) for n in range(nodes))
+    chunk = chunk_size(setup.chunk_bytes, nodes)
+    gathered = exchange.rounds(chunk) * (nodes - 1) * (chunk + HEADER_BYTES)  # into each node
+    return setup.overhead_s + max(total / fs, longest / link) + gathered / setup.gather_bytes_s(nodes)
+
+
+def crossover(nodes: Sequence[int], copy_s: Sequence[float], replicate_s: Sequence[float]) -> float | None:
+    """The node count from which "every node reads" (copy) is slower than "read once"
+    (replicate) at every larger count, interpolated linearly between the two counts around it;
+    None when copy is never slower at the largest count."""
+    diff = [c - r for c, r in zip(copy_s, replicate_s, strict=True)]
+    if not diff or diff[-1] <= 0:
+        return None
+    last = max((i for i, d in enumerate(diff) if d <= 0), default=None)
+    if last is None:
+        return float(nodes[0])
+    n0, n1, d0, d1 = nodes[last], nodes[last + 1], diff[last], diff[last + 1]
+    return n0 + (n1 - n0) * (-d0) / (d1 - d0)
+
+
+def model_crossover(sizes: Sequence[int], setup: Setup, largest: int = 64) -> float | None:
+    """The model's crossover over every whole node count up to `largest`."""
+    counts = list(range(1, largest + 1))
+    return crossover(
+        counts,
+        [model_seconds("copy", n, sizes, setup) for n in counts],
+        [model_seconds("replicate", n, sizes, setup) for n in counts],
+    )

@@ -33,12 +33,11 @@ from pathlib import Path
 import pytest
 
 from mlhpc.common.cluster.liveness import LISTEN_S, STORE_TIMEOUT_S
+from scripts.vclusterlib.client import VCLUSTER, run_vcluster
 from tests.conftest import cli_env, dataset_files
 from tests.helpers.vcluster_fixture import (
-    VCLUSTER,
     VCluster,
     own_cluster,
-    run_vcluster,
 )
 
 pytestmark = pytest.mark.cluster
@@ -462,6 +461,7 @@ def test_a_node_killed_mid_training_stops_the_run_and_resume_finishes_it(
     out = work / "out"
     job = srun(cluster, ["node01", "node02"], argv, out)
     try:
+
         def second_epoch() -> bool:
             if job.poll() is not None:
                 raise AssertionError(f"the run ended before its second epoch: {finish(job)}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mlhpc.staging.study import model as vm  # the model on the virtual cluster
 from tests.conftest import cli_env
 from tests.helpers.vcluster_fixture import vcluster_missing
 
@@ -24,7 +25,7 @@ import cluster_staging as cs  # noqa: E402
 
 MIB = 1 << 20
 HEADER = 4096
-STUDY = cs.Setup(link_bit_s=50e6, fs_bit_s=150e6)
+STUDY = vm.Setup(link_bit_s=50e6, fs_bit_s=150e6)
 """The study's setup: 50 Mbit/s node links, a 150 Mbit/s shared file system."""
 SIZES = [2 * MIB] * 64
 """The study's dataset: 128 MiB in 2 MiB files."""
@@ -42,18 +43,18 @@ def test_copy_is_link_bound_until_the_nodes_outrun_the_shared_file_system() -> N
     total = sum(SIZES)
     link, fs = STUDY.link_bytes_s, STUDY.fs_bytes_s
     for n in (1, 2, 3):  # 3 x 50 Mbit/s fit in 150 Mbit/s: each node's own link sets the pace
-        assert cs.model_seconds("copy", n, SIZES, STUDY) == pytest.approx(total / link)
+        assert vm.model_seconds("copy", n, SIZES, STUDY) == pytest.approx(total / link)
     for n in (4, 6, 8):  # then N x S through the shared file system
-        assert cs.model_seconds("copy", n, SIZES, STUDY) == pytest.approx(n * total / fs)
+        assert vm.model_seconds("copy", n, SIZES, STUDY) == pytest.approx(n * total / fs)
 
 
 def test_shard_reads_each_nodes_share_once() -> None:
     total = sum(SIZES)
-    assert cs.model_seconds("shard", 2, SIZES, STUDY) == pytest.approx(total / 2 / STUDY.link_bytes_s)
+    assert vm.model_seconds("shard", 2, SIZES, STUDY) == pytest.approx(total / 2 / STUDY.link_bytes_s)
     # 8 nodes read 16 MiB each, 128 MiB in all through the 150 Mbit/s file system
-    assert cs.model_seconds("shard", 8, SIZES, STUDY) == pytest.approx(total / STUDY.fs_bytes_s)
+    assert vm.model_seconds("shard", 8, SIZES, STUDY) == pytest.approx(total / STUDY.fs_bytes_s)
     # an uneven split: the largest share sets the time (3 files of 5, 3, 3 MiB on 2 nodes)
-    assert cs.model_seconds("shard", 2, [5 * MIB, 3 * MIB, 3 * MIB], STUDY) == pytest.approx(
+    assert vm.model_seconds("shard", 2, [5 * MIB, 3 * MIB, 3 * MIB], STUDY) == pytest.approx(
         max(11 * MIB / STUDY.fs_bytes_s, 6 * MIB / STUDY.link_bytes_s)
     )
 
@@ -62,39 +63,39 @@ def test_replicate_moves_whole_padded_chunks_round_by_round() -> None:
     link, fs = STUDY.link_bytes_s, STUDY.fs_bytes_s
     chunk = 16 * MIB + HEADER
     # 8 nodes: 16 MiB each, one round; the ring brings 7 chunks into each node
-    assert cs.model_seconds("replicate", 8, SIZES, STUDY) == pytest.approx(128 * MIB / fs + 7 * chunk / link)
+    assert vm.model_seconds("replicate", 8, SIZES, STUDY) == pytest.approx(128 * MIB / fs + 7 * chunk / link)
     # 2 nodes: 64 MiB each, four rounds of one chunk from the other node
-    assert cs.model_seconds("replicate", 2, SIZES, STUDY) == pytest.approx(64 * MIB / link + 4 * chunk / link)
+    assert vm.model_seconds("replicate", 2, SIZES, STUDY) == pytest.approx(64 * MIB / link + 4 * chunk / link)
     # 6 nodes: shares of 22 and 20 MiB take two rounds, the second padded to a whole chunk
-    assert cs.model_seconds("replicate", 6, SIZES, STUDY) == pytest.approx(
+    assert vm.model_seconds("replicate", 6, SIZES, STUDY) == pytest.approx(
         max(128 * MIB / fs, 22 * MIB / link) + 2 * 5 * chunk / link
     )
     # the all-gather's own measured rate replaces the link's where it is known
-    slow = cs.Setup(link_bit_s=50e6, fs_bit_s=150e6, allgather_bytes_s=((2, 1e6),))
-    assert cs.model_seconds("replicate", 2, SIZES, slow) == pytest.approx(64 * MIB / link + 4 * chunk / 1e6)
-    assert cs.model_seconds("replicate", 8, SIZES, slow) == cs.model_seconds("replicate", 8, SIZES, STUDY)
+    slow = vm.Setup(link_bit_s=50e6, fs_bit_s=150e6, allgather_bytes_s=((2, 1e6),))
+    assert vm.model_seconds("replicate", 2, SIZES, slow) == pytest.approx(64 * MIB / link + 4 * chunk / 1e6)
+    assert vm.model_seconds("replicate", 8, SIZES, slow) == vm.model_seconds("replicate", 8, SIZES, STUDY)
     # one node exchanges nothing: it copies
-    assert cs.model_seconds("replicate", 1, SIZES, STUDY) == cs.model_seconds("copy", 1, SIZES, STUDY)
+    assert vm.model_seconds("replicate", 1, SIZES, STUDY) == vm.model_seconds("copy", 1, SIZES, STUDY)
     with pytest.raises(ValueError, match="mode='mirror'"):
-        cs.model_seconds("mirror", 2, SIZES, STUDY)
+        vm.model_seconds("mirror", 2, SIZES, STUDY)
 
 
 def test_crossover_interpolates_where_copy_becomes_slower_for_good() -> None:
-    assert cs.crossover([2, 4], [10.0, 30.0], [20.0, 20.0]) == pytest.approx(3.0)
+    assert vm.crossover([2, 4], [10.0, 30.0], [20.0, 20.0]) == pytest.approx(3.0)
     # a crossing back and forth: the last one counts
-    assert cs.crossover([1, 2, 4, 8], [10, 12, 11, 40], [10, 11, 12, 20]) == pytest.approx(4 + 4 * 1 / 21)
-    assert cs.crossover([1, 2], [5.0, 6.0], [5.0, 9.0]) is None  # copy never slower
-    assert cs.crossover([2, 4], [9.0, 30.0], [5.0, 20.0]) == 2.0  # slower from the first count
-    assert cs.crossover([], [], []) is None
+    assert vm.crossover([1, 2, 4, 8], [10, 12, 11, 40], [10, 11, 12, 20]) == pytest.approx(4 + 4 * 1 / 21)
+    assert vm.crossover([1, 2], [5.0, 6.0], [5.0, 9.0]) is None  # copy never slower
+    assert vm.crossover([2, 4], [9.0, 30.0], [5.0, 20.0]) == 2.0  # slower from the first count
+    assert vm.crossover([], [], []) is None
 
 
 def test_the_study_setup_puts_the_crossover_between_three_and_four_nodes() -> None:
     """With 3 x 50 Mbit/s = the file system's 150 Mbit/s, copy turns file-system bound at 3
     nodes; replicate's padded rounds cost it a little more than the link alone."""
-    predicted = cs.model_crossover(SIZES, STUDY, largest=8)
+    predicted = vm.model_crossover(SIZES, STUDY, largest=8)
     assert predicted is not None and 3 < predicted < 4
     # twice as fast a shared file system moves the crossover to about twice the nodes
-    doubled = cs.model_crossover(SIZES, cs.Setup(link_bit_s=50e6, fs_bit_s=300e6), largest=16)
+    doubled = vm.model_crossover(SIZES, vm.Setup(link_bit_s=50e6, fs_bit_s=300e6), largest=16)
     assert doubled is not None and 6 < doubled < 8
 
 
@@ -123,7 +124,7 @@ def test_the_report_puts_the_model_beside_each_median_and_finds_both_crossovers(
     table = found.table
 
     def model(mode: str, n: int) -> str:
-        return f"{cs.model_seconds(mode, n, SIZES, setup):.1f}"
+        return f"{vm.model_seconds(mode, n, SIZES, setup):.1f}"
 
     replicate = f"28.0 (27.0-29.0) | {model('replicate', 2)} | {model('replicate', 2)}"
     assert f"| 2 | 23.0 (22.0-30.0) | {model('copy', 2)} | {replicate} | - | {model('shard', 2)} |" in table
@@ -131,7 +132,7 @@ def test_the_report_puts_the_model_beside_each_median_and_finds_both_crossovers(
     assert f"8.0 (7.0-9.0) | {model('shard', 4)} |" in table
     # copy - replicate: -5 at 2 nodes, +4 at 4 nodes
     assert found.measured == pytest.approx(2 + 2 * 5 / 9)
-    assert found.predicted == pytest.approx(cs.model_crossover(SIZES, setup, largest=4))
+    assert found.predicted == pytest.approx(vm.model_crossover(SIZES, setup, largest=4))
     assert found.predicted_gather == found.predicted  # no all-gather measured: the link's rate
     # an all-gather measured alone on 4 nodes at a third of the link: replicate's model, slower
     # there than copy, crosses no more within 4 nodes
@@ -186,7 +187,7 @@ def test_the_study_runs_end_to_end_on_two_nodes_and_leaves_nothing(tmp_path: Pat
         assert run.returncode == 0, run.stderr
         with (tmp_path / "cluster_staging.csv").open() as f:
             got = {row["mode"]: row for row in csv.DictReader(f)}
-        assert sorted(got) == sorted(cs.MODES)
+        assert sorted(got) == sorted(vm.MODES)
         size = 8 * MIB
         # what the nodes read from the shared file system, as the stage reports it
         assert {m: int(r["job_read_bytes"]) for m, r in got.items()} == {

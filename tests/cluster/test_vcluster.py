@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from scripts.vclusterlib.client import VCLUSTER, run_vcluster
 from tests.helpers.vcluster_fixture import (
     NODES,
-    VCLUSTER,
     VCluster,
     host_network,
     leftovers,
-    run_vcluster,
     start_cluster,
     stop_cluster,
     vcluster_missing,

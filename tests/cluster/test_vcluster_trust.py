@@ -8,8 +8,6 @@ are bounded, and names from outside print as data. Most attacks need no running 
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import json
 import os
 import string
@@ -18,14 +16,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.vcluster_fixture import VCLUSTER, vcluster_missing
+from scripts.vclusterlib import base, cli, state, up  # the tool's modules, for their pure checks
+from scripts.vclusterlib.client import VCLUSTER
+from tests.helpers.vcluster_fixture import vcluster_missing
 
 pytestmark = [
     pytest.mark.cluster,
@@ -120,19 +119,6 @@ def root(tmp_path: Path) -> Path:
     made = tmp_path / "root"
     made.mkdir(mode=0o755)
     return made
-
-
-def load_tool() -> ModuleType:
-    """scripts/vcluster as a module (it has no .py), for its pure checks."""
-    loader = importlib.machinery.SourceFileLoader("vcluster_tool", str(VCLUSTER))
-    spec = importlib.util.spec_from_loader("vcluster_tool", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-TOOL = load_tool()
 
 
 # --- a folder vcluster did not make is never removed -------------------------------------------
@@ -324,11 +310,11 @@ def test_small_local_refuses_no_limit_and_more_than_the_memory(root: Path, value
 def test_small_local_sizes_accepted_are_bounded(sizes: list[tuple[str, str]]) -> None:
     values = [f"{node}:{size}" for node, size in sizes]
     try:
-        got = TOOL.parse_small_local(values, ["node01", "node02", "node03"])
-    except TOOL.VclusterError:
+        got = up.parse_small_local(values, ["node01", "node02", "node03"])
+    except base.VclusterError:
         return
     assert all(v >= 1 << 20 for v in got.values())
-    assert sum(got.values()) <= TOOL.memory_bytes() // 2
+    assert sum(got.values()) <= up.memory_bytes() // 2
     for _, size in sizes:  # the syntax, written out apart from the tool's pattern: ASCII digits, one unit
         body = size[:-1] if size[-1:] and size[-1] in "KkMmGg" else size
         assert body and set(body) <= set(string.digits), repr(size)
@@ -353,11 +339,11 @@ NAMES = st.one_of(
 def test_only_plain_names_reach_the_state_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> None:
     root = tmp_path_factory.getbasetemp() / "names-root"
     root.mkdir(mode=0o755, exist_ok=True)
-    TOOL.ROOT = root
+    state.ROOT = root
     try:
-        TOOL.main(["down", "--name", name])
+        cli.main(["down", "--name", name])
         accepted = True
-    except TOOL.VclusterError as e:
+    except base.VclusterError as e:
         accepted = False
         assert "--name" in str(e)
     except SystemExit:  # argparse: a name that looks like an option
@@ -373,12 +359,14 @@ def test_a_trailing_newline_in_a_name_is_refused_in_one_line(root: Path) -> None
 
 def test_every_pattern_in_the_tool_is_used_whole() -> None:
     """`re.match` with `$` lets "x\\n" through; the tool uses fullmatch and no `$` anchor."""
-    source = VCLUSTER.read_text()
+    source = "\n".join(
+        p.read_text() for p in [VCLUSTER, *sorted((VCLUSTER.parent / "vclusterlib").glob("*.py"))]
+    )
     assert ".match(" not in source and "re.search(" not in source
     assert not [
         line for line in source.splitlines() if "re.compile(" in line and ('$"' in line or "^" in line)
     ]
-    assert TOOL.NAME_RE.fullmatch("mlhpc\n") is None and TOOL.NAME_RE.fullmatch("mlhpc")  # control
+    assert base.NAME_RE.fullmatch("mlhpc\n") is None and base.NAME_RE.fullmatch("mlhpc")  # control
 
 
 def test_names_from_outside_print_as_data(root: Path) -> None:
@@ -395,7 +383,7 @@ def test_names_from_outside_print_as_data(root: Path) -> None:
             assert proc.returncode in (1, 2) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
             assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr, repr(proc.stderr)
             assert "\\x1b[2J" in proc.stderr, proc.stderr
-        assert TOOL.shown("plain node01") == "plain node01"  # control: plain text is unchanged
+        assert base.shown("plain node01") == "plain node01"  # control: plain text is unchanged
 
 
 def test_shutil_is_not_how_the_tool_removes() -> None:

@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
+from scripts.vclusterlib.client import run_vcluster, seen_by_nodes
 from tests.conftest import REPO, cli_env
 
-VCLUSTER = REPO / "scripts" / "vcluster"
 NODES = 4
 NEEDED = {
     "slurmd": "slurm-wlm",
@@ -55,12 +55,6 @@ def vcluster_missing() -> str | None:
     if not Path("/usr/bin/python3").is_file():
         return "scripts/vcluster runs on /usr/bin/python3, which is missing"
     return None
-
-
-def run_vcluster(*args: str, timeout: float = 90, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(VCLUSTER), *args], capture_output=True, text=True, timeout=timeout, check=False, **kw
-    )
 
 
 def host_network() -> dict[str, list[str]]:
@@ -166,9 +160,7 @@ class VCluster:
 def code_seen_by_nodes() -> list[str]:
     """`--see` for this checkout and its Python where they lie in /tmp (CI clones there): each
     node has its own /tmp, which would hide them, and every job runs this code."""
-    tmp = Path("/tmp").resolve()
-    seen = {p for p in (REPO.resolve(), Path(sys.prefix).resolve()) if tmp in p.parents}
-    return [arg for p in sorted(seen) if not any(q in p.parents for q in seen) for arg in ("--see", str(p))]
+    return seen_by_nodes([REPO, Path(sys.prefix)])
 
 
 def start_cluster(name: str, *args: str) -> VCluster:

@@ -1,0 +1,26 @@
+"""Calling vcluster from outside the cluster (the tests' fixture, perf/cluster_staging.py): the
+tool's path, one run of it, and the `--see` arguments for folders in the host's /tmp that the
+nodes must keep seeing (each node has its own /tmp)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+VCLUSTER = Path(__file__).resolve().parents[1] / "vcluster"
+
+
+def run_vcluster(*args: str, timeout: float = 90, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """`scripts/vcluster ARGS` on its own python (its shebang), its output captured, never checked."""
+    return subprocess.run(
+        [str(VCLUSTER), *args], capture_output=True, text=True, timeout=timeout, check=False, **kw
+    )
+
+
+def seen_by_nodes(paths: Iterable[Path]) -> list[str]:
+    """`--see DIR` for each of `paths` that lies inside the host's /tmp, the outermost only."""
+    tmp = Path("/tmp").resolve()
+    inside = {p.resolve() for p in paths if tmp in p.resolve().parents}
+    return [a for p in sorted(inside) if not any(q in p.parents for q in inside) for a in ("--see", str(p))]
