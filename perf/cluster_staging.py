@@ -48,6 +48,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlhpc.staging.exchange import HEADER_BYTES, chunk_size
 from mlhpc.staging.request import DEFAULT_CHUNK_BYTES
@@ -701,6 +702,14 @@ def plot(
         if m == "replicate" and setup.allgather_bytes_s:
             gathered = [model_seconds(m, n, sizes, setup) for n in grid]
             ax.plot(grid, gathered, ":", color=colors[m], label=f"{m}: model, all-gather as measured")
+    _decorate(ax, setup, sizes, grid, found)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def _decorate(ax: Any, setup: Setup, sizes: Sequence[int], grid: list[int], found: Findings) -> None:
+    """The plot's crossover lines, axes, title and legend."""
     if found.measured:
         ax.axvline(found.measured, color="0.2", lw=1, label=f"crossover measured: {found.measured:.2f} nodes")
     if found.predicted:
@@ -718,9 +727,6 @@ def plot(
         fontsize=10,
     )
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
 
 
 def setup_from_rows(rows: list[dict]) -> Setup:
@@ -780,6 +786,15 @@ def cmd_model(args: argparse.Namespace) -> None:
     print(f"crossover copy/replicate: {cross if cross is None else f'{cross:.2f}'} nodes")
 
 
+def _add_hidden(sub: Any) -> None:
+    """The commands the study runs on the nodes itself (srun), not shown in --help."""
+    gt = sub.add_parser("gather-task", help=argparse.SUPPRESS)
+    gt.add_argument("--repeats", type=int, default=3)
+    ta = sub.add_parser("task", help=argparse.SUPPRESS)
+    ta.add_argument("--dest", required=True, help="the stage's DEST: its window opens when DEST appears")
+    ta.add_argument("command", nargs=argparse.REMAINDER)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf/cluster_staging.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -825,11 +840,7 @@ def parser() -> argparse.ArgumentParser:
     ag = named("allgather", "time the exchange's all-gather alone at the given node counts")
     ag.add_argument("--nodes", default="2,3,4,5,6,7,8")
     ag.add_argument("--repeats", type=int, default=3)
-    gt = sub.add_parser("gather-task", help=argparse.SUPPRESS)
-    gt.add_argument("--repeats", type=int, default=3)
-    ta = sub.add_parser("task", help=argparse.SUPPRESS)
-    ta.add_argument("--dest", required=True, help="the stage's DEST: its window opens when DEST appears")
-    ta.add_argument("command", nargs=argparse.REMAINDER)
+    _add_hidden(sub)
     return p
 
 

@@ -5,55 +5,92 @@ from __future__ import annotations
 
 import pwd
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .base import VclusterError, checkpoint, log_tail, wait_for
 from .procs import daemon_env, running, start
 
+BASE_SETTINGS = (
+    "SlurmUser=root",
+    "SlurmdUser=root",
+    "AuthType=auth/munge",
+    "CredType=cred/munge",
+    # slurmd 22.05 sets up its cgroup plugin even with these; all nodes share one PID namespace
+    "ProctrackType=proctrack/linuxproc",
+    "TaskPlugin=task/none",
+    "MpiDefault=none",
+    "SelectType=select/cons_tres",
+    "ReturnToService=2",
+)
+"""What every Slurm cluster started on this machine has: root daemons, munge, no cgroups."""
+
+
+def slurm_conf_text(
+    *,
+    cluster_name: str,
+    controller: tuple[str, str],
+    ports: tuple[int, int],
+    nodes: Sequence[tuple[str, str]],
+    cpus: int,
+    files: Mapping[str, str],
+    settings: Sequence[str] = (),
+    node_options: str = "",
+) -> str:
+    """A slurm.conf: the one writer for vcluster and the tests' single-node cluster. `controller`
+    is slurmctld's (host, address), `ports` slurmctld's and slurmd's, `nodes` (name, address),
+    `files` the state, spool, pid and log locations, `settings` lines beyond BASE_SETTINGS."""
+    lines = [
+        f"ClusterName={cluster_name}",
+        f"SlurmctldHost={controller[0]}({controller[1]})",
+        f"SlurmctldPort={ports[0]}",
+        f"SlurmdPort={ports[1]}",
+        *BASE_SETTINGS,
+        *settings,
+        *(f"{key}={value}" for key, value in files.items()),
+    ]
+    for name, address in nodes:
+        lines.append(f"NodeName={name} NodeAddr={address} CPUs={cpus}{node_options} State=UNKNOWN")
+    names = ",".join(name for name, _ in nodes)
+    lines.append(f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
 
 def slurm_conf(state: dict[str, Any]) -> str:
-    s = state["state_dir"]
-    lines = [
-        f"ClusterName={state['cluster_name']}",
-        f"SlurmctldHost=login({state['login']['address']})",
-        f"SlurmctldPort={state['ports']['slurmctld']}",
-        f"SlurmdPort={state['ports']['slurmd']}",
-        f"SrunPortRange={state['ports']['srun_first']}-{state['ports']['srun_last']}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        "CredType=cred/munge",
+    """The cluster's slurm.conf: its own ports and munge socket, each node a spool, pid and log."""
+    s, ports = state["state_dir"], state["ports"]
+    settings = [
+        f"SrunPortRange={ports['srun_first']}-{ports['srun_last']}",
         f"AuthInfo=socket={state['munge_socket']}",
-        # slurmd 22.05 sets up its cgroup plugin even with these; all nodes share one PID namespace
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
-        "MpiDefault=none",
-        "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
         "SlurmdParameters=config_overrides",  # --cpus above the machine's count is not a drain
-        "ReturnToService=2",
         "SlurmdTimeout=30",
         "MessageTimeout=10",
         "KillWait=5",
         "MailProg=/bin/true",
         "TmpFS=/local",
-        f"StateSaveLocation={s}/ctld",
-        # the nodes share one file system: each slurmd its own spool, pid and log (%n)
-        f"SlurmdSpoolDir={s}/spool/%n",
-        f"SlurmctldPidFile={s}/run/slurmctld.pid",
-        f"SlurmdPidFile={s}/run/slurmd-%n.pid",
-        f"SlurmctldLogFile={s}/log/slurmctld.log",
-        f"SlurmdLogFile={s}/log/slurmd-%n.log",
     ]
-    for node in state["nodes"]:
-        lines.append(f"NodeName={node['name']} NodeAddr={node['address']} CPUs={state['cpus']} State=UNKNOWN")
-    names = ",".join(n["name"] for n in state["nodes"])
-    lines.append(f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP")
-    return "\n".join(lines) + "\n"
+    files = {  # the nodes share one file system: each slurmd its own spool, pid and log (%n)
+        "StateSaveLocation": f"{s}/ctld",
+        "SlurmdSpoolDir": f"{s}/spool/%n",
+        "SlurmctldPidFile": f"{s}/run/slurmctld.pid",
+        "SlurmdPidFile": f"{s}/run/slurmd-%n.pid",
+        "SlurmctldLogFile": f"{s}/log/slurmctld.log",
+        "SlurmdLogFile": f"{s}/log/slurmd-%n.log",
+    }
+    return slurm_conf_text(
+        cluster_name=state["cluster_name"],
+        controller=("login", state["login"]["address"]),
+        ports=(ports["slurmctld"], ports["slurmd"]),
+        nodes=[(n["name"], n["address"]) for n in state["nodes"]],
+        cpus=state["cpus"],
+        files=files,
+        settings=settings,
+    )
 
 
 def sinfo_states(state: dict[str, Any]) -> dict[str, str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.vclusterlib.slurm import slurm_conf_text
 from tests.conftest import cli_env
 
 SLURM_DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -55,30 +56,24 @@ def free_port() -> int:
 
 def slurm_conf(root: Path, node: str, cpus: int) -> str:
     """A minimal single-node configuration; its own ports, so a cluster already on the machine is left alone."""
-    return f"""\
-ClusterName=mlhpctest
-SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-MpiDefault=none
-StateSaveLocation={root}/ctld
-SlurmdSpoolDir={root}/d
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=2000 State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
-"""
+    files = {
+        "StateSaveLocation": f"{root}/ctld",
+        "SlurmdSpoolDir": f"{root}/d",
+        "SlurmctldPidFile": f"{root}/slurmctld.pid",
+        "SlurmdPidFile": f"{root}/slurmd.pid",
+        "SlurmctldLogFile": f"{root}/slurmctld.log",
+        "SlurmdLogFile": f"{root}/slurmd.log",
+    }
+    return slurm_conf_text(
+        cluster_name="mlhpctest",
+        controller=(node, "127.0.0.1"),
+        ports=(free_port(), free_port()),
+        nodes=[(node, "127.0.0.1")],
+        cpus=cpus,
+        files=files,
+        settings=["SelectTypeParameters=CR_Core"],
+        node_options=" RealMemory=2000",
+    )
 
 
 def munge_works() -> bool:
