@@ -21,7 +21,9 @@ from tests.helpers.vcluster_fixture import vcluster_missing
 REPO = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO / "perf"))
 
-import cluster_staging as cs  # noqa: E402
+import cluster_staging_cluster as csc  # noqa: E402
+import cluster_staging_measure as csm  # noqa: E402
+import cluster_staging_report as csr  # noqa: E402
 
 MIB = 1 << 20
 HEADER = 4096
@@ -32,11 +34,11 @@ SIZES = [2 * MIB] * 64
 
 
 def test_rates_are_tc_rates_less_the_frame_headers() -> None:
-    assert cs.bits_per_s("50mbit") == 50e6
-    assert cs.bits_per_s("1.5gbit") == 1.5e9
+    assert csc.bits_per_s("50mbit") == 50e6
+    assert csc.bits_per_s("1.5gbit") == 1.5e9
     assert STUDY.link_bytes_s == pytest.approx(50e6 / 8 * 1448 / 1514)
-    with pytest.raises(cs.StudyError, match="50mbit"):
-        cs.bits_per_s("50 MB/s")
+    with pytest.raises(csc.StudyError, match="50mbit"):
+        csc.bits_per_s("50 MB/s")
 
 
 def test_copy_is_link_bound_until_the_nodes_outrun_the_shared_file_system() -> None:
@@ -103,7 +105,7 @@ def rows(points: dict[tuple[int, str], list[float]]) -> list[dict]:
     out = []
     for (n, mode), seconds in points.items():
         for r, s in enumerate(seconds):
-            row = dict.fromkeys(cs.COLUMNS, "0")
+            row = dict.fromkeys(csm.COLUMNS, "0")
             row.update(nodes=str(n), mode=mode, repeat=str(r), stage_s=str(s), link="50mbit", fs="150mbit")
             out.append(row)
     return out
@@ -118,9 +120,9 @@ def test_the_report_puts_the_model_beside_each_median_and_finds_both_crossovers(
         (4, "shard"): [8.0, 7.0, 9.0],
         (1, "tiny"): [0.05, 0.03, 0.04],
     }
-    setup = cs.setup_from_rows(rows(measured))
+    setup = csr.setup_from_rows(rows(measured))
     assert setup.overhead_s == pytest.approx(0.04) and setup.link_bit_s == 50e6
-    found = cs.report(rows(measured), SIZES, setup)
+    found = csr.report(rows(measured), SIZES, setup)
     table = found.table
 
     def model(mode: str, n: int) -> str:
@@ -140,11 +142,11 @@ def test_the_report_puts_the_model_beside_each_median_and_finds_both_crossovers(
         {**rows({(4, "allgather"): [s]})[0], "dataset_bytes": str(16 * MIB + HEADER)}
         for s in (9.0, 8.0, 30.0)
     ]
-    slow = cs.setup_from_rows(rows(measured) + gathers)
+    slow = csr.setup_from_rows(rows(measured) + gathers)
     assert slow.allgather_bytes_s == ((4, (16 * MIB + HEADER) / 9.0),)
-    assert cs.report(rows(measured), SIZES, slow).predicted_gather is None
-    with pytest.raises(cs.StudyError, match="mixes"):
-        cs.setup_from_rows([*rows(measured), {**rows(measured)[0], "link": "100mbit"}])
+    assert csr.report(rows(measured), SIZES, slow).predicted_gather is None
+    with pytest.raises(csc.StudyError, match="mixes"):
+        csr.setup_from_rows([*rows(measured), {**rows(measured)[0], "link": "100mbit"}])
 
 
 def test_the_model_command_prints_the_table_and_the_crossover() -> None:
@@ -203,12 +205,12 @@ def test_the_study_runs_end_to_end_on_two_nodes_and_leaves_nothing(tmp_path: Pat
     finally:
         down = study("down")
     assert down.returncode == 0, down.stderr
-    assert not cs.work_dir(name).exists()
+    assert not csc.work_dir(name).exists()
     assert not (Path(os.environ.get("VCLUSTER_ROOT", "/run/vcluster")) / name).exists()
     leftover = [
         p.name
         for p in Path("/proc").glob("[0-9]*")
-        if (p / "cmdline").exists() and str(cs.work_dir(name)).encode() in _cmdline(p)
+        if (p / "cmdline").exists() and str(csc.work_dir(name)).encode() in _cmdline(p)
     ]
     assert leftover == []
 
