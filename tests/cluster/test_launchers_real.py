@@ -313,7 +313,8 @@ def test_mpirun_stages_over_mpi(tmp_path: Path) -> None:
     # One report file per rank: two ranks' stdout lines can interleave mid-line under mpirun.
     probe = (
         "from pathlib import Path; "
-        "from mlhpc.common.cluster.distributed import init_distributed, shutdown_distributed; "
+        "from mlhpc.common.cluster.distributed import init_distributed; "
+        "from mlhpc.common.cluster.group import shutdown_distributed; "
         "from mlhpc.staging import comm_for; ctx = init_distributed('auto', 'cpu'); "
         "comm = comm_for(ctx); Path(f'rank{ctx.rank}.txt').write_text(' '.join(map(str, "
         "(ctx.rank, ctx.launcher, ctx.backend, type(comm).__name__, comm.topology.num_nodes)))); "
