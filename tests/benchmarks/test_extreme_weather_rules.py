@@ -2,90 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from mlhpc.common.contract import catalog
 from mlhpc.submission_checker.compliance import analyse_log, own_rules
 from tests.conftest import official_compliance
-
-RULES_FILE = catalog.info("extreme_weather").rules_file
-assert RULES_FILE is not None
+from tests.helpers.mllog_files import RULES_FILE, _good_events, _write_log
 
 # Keys whose rules this file changes on purpose (see its header): the two dispatches to other
 # rule files and closed_common's optional gradient_accumulation_frequency, made required.
 CHANGED = {"submission_division", "submission_benchmark", "gradient_accumulation_frequency"}
 
 
-def _good_events(accuracy: tuple[float, ...] = (0.21, 0.38)) -> list[tuple[str, str, Any, dict[str, Any]]]:
-    """(event_type, key, value, metadata) of a short, compliant extreme_weather run."""
-    point, start, end = "POINT_IN_TIME", "INTERVAL_START", "INTERVAL_END"
-    events: list[tuple[str, str, Any, dict[str, Any]]] = [
-        (point, "cache_clear", False, {}),
-        (start, "init_start", None, {}),
-        (point, "submission_benchmark", "extreme_weather", {}),
-        (point, "submission_org", "mlhpc", {}),
-        (point, "submission_division", "closed", {}),
-        (point, "submission_status", "onprem", {}),
-        (point, "submission_platform", "cpu", {}),
-        (point, "seed", 1, {}),
-        (point, "number_of_nodes", 1, {}),
-        (point, "accelerators_per_node", 0, {}),
-        (point, "global_batch_size", 8, {}),
-        (point, "gradient_accumulation_frequency", 1, {}),
-        (point, "opt_name", "sgd", {}),
-        (point, "opt_base_learning_rate", 0.02, {}),
-        (point, "opt_momentum", 0.9, {}),
-        (point, "opt_weight_decay", 0.0001, {}),
-        (point, "opt_learning_rate_warmup_epochs", 0.5, {}),
-        (point, "opt_learning_rate_warmup_factor", 0.01, {}),
-        (point, "opt_learning_rate_decay_boundary_epochs", [8, 11], {}),
-        (point, "opt_learning_rate_decay_factor", 0.1, {}),
-        (end, "init_stop", None, {}),
-        (start, "run_start", None, {}),
-        (start, "staging_start", None, {}),
-        (end, "staging_stop", None, {}),
-        (point, "train_samples", 256, {}),
-        (point, "eval_samples", 64, {}),
-    ]
-    for epoch, value in enumerate(accuracy, start=1):
-        events += [
-            (start, "epoch_start", None, {"epoch_num": epoch}),
-            (end, "epoch_stop", None, {"epoch_num": epoch}),
-            (start, "eval_start", None, {"epoch_num": epoch}),
-            (end, "eval_stop", None, {"epoch_num": epoch}),
-            (point, "eval_accuracy", value, {"epoch_num": epoch}),
-        ]
-    events += [
-        (point, "flops_per_sample", 4.1e9, {}),
-        (point, "achieved_flops_per_s", 3.0e10, {}),
-        (point, "valid_flops", 3.0e10 * (accuracy[-1] / 0.35) ** 5, {}),
-        (end, "run_stop", None, {"status": "success", "epoch_num": len(accuracy)}),
-    ]
-    return events
 
 
-def _write_log(path: Path, events: list[tuple[str, str, Any, dict[str, Any]]]) -> Path:
-    lines = [
-        ":::MLLOG "
-        + json.dumps(
-            {
-                "namespace": "",
-                "time_ms": 1_795_000_000_000 + 1000 * i,
-                "event_type": kind,
-                "key": key,
-                "value": value,
-                "metadata": {"file": "test.py", "lineno": i, **metadata},
-            }
-        )
-        for i, (kind, key, value, metadata) in enumerate(events)
-    ]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def test_official_checker_accepts_a_good_log_and_rejects_bad_ones(tmp_path: Path) -> None:

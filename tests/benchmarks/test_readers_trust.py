@@ -24,7 +24,7 @@ from mlhpc.common.training.mllogger import MLLog
 from mlhpc.results.report import read_breakdowns, report_command
 from mlhpc.results.variability import read_runs, variability_command
 from tests.conftest import mlhpc_cli
-from tests.results.test_variability import write_log
+from tests.helpers.mllog_files import write_log
 
 BREAKDOWN = {
     "seed": 7,

@@ -279,7 +279,7 @@ import json, sys
 from pathlib import Path
 from mlhpc.submission_checker.compliance import analyse_log
 from mlhpc.submission_checker.layout_checks import known_benchmarks
-from tests.benchmarks.test_extreme_weather_rules import _good_events, _write_log
+from tests.helpers.mllog_files import _good_events, _write_log
 events = [(k, key, "thirdbench" if key == "submission_benchmark" else v, m) for k, key, v, m in _good_events()]
 log = str(_write_log(Path(sys.argv[1]), events))
 checked = analyse_log(log, "3.0.0")

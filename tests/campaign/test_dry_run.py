@@ -217,7 +217,7 @@ def test_dry_run_json_of_cosmoflow_rcp_128_is_the_reference_schedule(tmp_path: P
     """NVIDIA's batch-128 run: 0.001 at epoch_num 1, the peak 0.004 at epoch_num 5, every epoch as
     test_rcp_configs works it out from the source; no weight decay (the MXNet run had none), on the
     dense kernels or elsewhere."""
-    from tests.benchmarks.test_rcp_configs import REFERENCE_GRADIENT_WEIGHT_DECAY, REFERENCE_LR
+    from tests.helpers.rcp_references import REFERENCE_GRADIENT_WEIGHT_DECAY, REFERENCE_LR
 
     out, written = tmp_path / "runs", tmp_path / "what.json"
     data = one_sample_dataset(tmp_path / "data", 128)
@@ -261,7 +261,7 @@ def test_what_trains_matches_the_cosmoflow_schedule_of_every_rcp(batch: int) -> 
     from mlhpc.benchmarks.cosmoflow import train
     from mlhpc.campaign.dry_run import what_trains
     from mlhpc.campaign.io import resolve_config
-    from tests.benchmarks.test_rcp_configs import REFERENCE_GRADIENT_WEIGHT_DECAY, REFERENCE_LR
+    from tests.helpers.rcp_references import REFERENCE_GRADIENT_WEIGHT_DECAY, REFERENCE_LR
 
     resolved = resolve_config("cosmoflow", f"rcp_{batch}", [])
     view = what_trains(resolved.benchmark, resolved.cfg, cpu_context())

@@ -13,21 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli_env, ctrl_c_as_at_a_terminal, mlhpc_cli
-from tests.results.test_variability import write_log
+from tests.helpers.cli import one_error_line
+from tests.helpers.mllog_files import write_log
 
 # /sys refuses new files even to root, unlike a chmod 555 folder.
 UNWRITABLE = "/sys/mlhpc-test"
 
 
-def one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """The single stderr line of a failed command, checked: exit 2, `mlhpc: error:`, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mlhpc: error: "), proc.stderr[-2000:]
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 @pytest.fixture

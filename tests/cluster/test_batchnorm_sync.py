@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_distributed import torchrun
+from tests.helpers.launchers import torchrun
 
 pytestmark = pytest.mark.distributed
 

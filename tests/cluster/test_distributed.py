@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.helpers.launchers import torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -29,13 +27,6 @@ shutdown_distributed()
 """
 
 
-def torchrun(
-    args: list[str], cwd: Path, timeout: float = 600, **env: str
-) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=cli_env(**env)
-    )
 
 
 def test_collectives_over_two_ranks(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mlhpc.benchmarks.extreme_weather import evaluation
-from tests.cluster.test_distributed import torchrun
+from tests.helpers.launchers import torchrun
 from tests.conftest import mllog_events
 
 pytestmark = pytest.mark.distributed

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from mlhpc.benchmarks.cosmoflow import data as cosmoflow
 from mlhpc.benchmarks.deepcam import data as deepcam
 from mlhpc.common.cluster.distributed import init_distributed
-from tests.cluster.test_distributed import torchrun
+from tests.helpers.launchers import torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -266,7 +266,7 @@ def test_energy_and_pruned_runs_reach_the_csv_the_html_and_the_store(tmp_path: P
 
     from mlhpc.submission_checker.export import report_csv
     from mlhpc.submission_checker.html_report import report_html
-    from tests.checker.test_submission_checker_energy import DEEPCAM, SYSTEM, add_power, make_entry
+    from tests.helpers.submissions import DEEPCAM, SYSTEM, add_power, make_entry
 
     org, entry = make_entry(tmp_path, DEEPCAM, SYSTEM, "strong", [f"result_{i}.txt" for i in range(5)])
     add_power(entry, random.Random(7), nodes=2, switches=1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -18,6 +17,7 @@ from mlhpc.results.variability import (
     runs_needed,
 )
 from tests.conftest import mlhpc_cli
+from tests.helpers.mllog_files import write_log
 
 HELMHOLTZ = Path(__file__).parents[1] / "data/hpc_v2.0_helmholtzai/HelmholtzAI/results"
 
@@ -25,21 +25,6 @@ MINUTES = [10.0, 11.0, 12.0, 13.0, 14.0]
 EPOCHS = [3, 4, 4, 5, 4]
 
 
-def write_log(path: Path, seed: int, minutes: float, epochs: int, status: str = "success") -> None:
-    start = 1_700_000_000_000
-    events = [
-        ("POINT_IN_TIME", "seed", seed, {}),
-        ("INTERVAL_START", "run_start", None, {}),
-        *[("POINT_IN_TIME", "eval_error", 0.5 / e, {"epoch_num": e}) for e in range(1, epochs + 1)],
-        ("INTERVAL_END", "run_stop", None, {"status": status}),
-    ]
-    lines = []
-    for kind, key, value, metadata in events:
-        time_ms = start + minutes * 60_000 if key == "run_stop" else start
-        record = {"namespace": "", "time_ms": time_ms, "event_type": kind, "key": key, "value": value}
-        lines.append(":::MLLOG " + json.dumps({**record, "metadata": metadata}))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture

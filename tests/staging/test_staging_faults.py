@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ import pytest
 from mlhpc.common.safeio.locks import LOCK_NAME
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest
 from tests.conftest import cli_env, ctrl_c_as_at_a_terminal, dataset_files, lock_held_elsewhere
+from tests.helpers.mounts import tmpfs
 
 KILL_SEED = 20261124
 
@@ -339,23 +340,6 @@ def test_permission_denied_on_dest_or_source_is_one_line(tmp_path: Path) -> None
     assert "Permission denied" in line and str(src / "d1") in line
 
 
-@contextlib.contextmanager
-def tmpfs(where: Path, *options: str) -> Iterator[Path]:
-    """A small tmpfs mounted at `where` for the block (root only; else the test is skipped)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", ",".join(options), "mlhpc-test", str(where)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_is_one_line_naming_dest_and_the_fix(tmp_path: Path) -> None:

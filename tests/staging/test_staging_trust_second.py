@@ -169,7 +169,7 @@ def umask_022() -> object:
 
 
 def test_a_tar_gz_on_a_full_disk_says_disk_full(tmp_path: Path) -> None:
-    from tests.staging.test_staging_faults import tmpfs
+    from tests.helpers.mounts import tmpfs
 
     archive = tmp_path / "zeros.tar.gz"
     archive.write_bytes(gzip.compress(tar_bytes({f"z{i}.bin": bytes(3 << 20) for i in range(3)})))
