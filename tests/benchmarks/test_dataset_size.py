@@ -20,8 +20,7 @@ from mlhpc.common.errors import DataError
 from mlhpc.dataset_size import dataset_bytes, human_size, parse_size
 from mlhpc.generation import ASK_ABOVE_BYTES, SizeCheck, check_room, generate_dataset
 from mlhpc.generation_progress import GenerationProgress, folder_bytes
-from tests.conftest import mlhpc_cli
-from tests.helpers.cli import one_error_line
+from tests.helpers.cli import mlhpc_cli, one_error_line
 
 
 @settings(max_examples=200, deadline=None)

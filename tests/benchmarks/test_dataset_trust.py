@@ -33,7 +33,7 @@ from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import DataError
 from mlhpc.common.safeio.datasets import open_h5, open_sample
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import mlhpc_cli, mllog_events, official_compliance
+from tests.helpers.cli import mlhpc_cli
+from tests.helpers.mllog_files import mllog_events, official_compliance
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ import pytest
 from mlhpc.common.contract import catalog
 from mlhpc.submission_checker.logparse import parse_log
 from mlhpc.submission_checker.scoring import fixed_epoch_score
-from tests.conftest import mlhpc_cli, mllog_events, official_compliance
+from tests.helpers.cli import mlhpc_cli
+from tests.helpers.mllog_files import mllog_events, official_compliance
 
 RULES_FILE = catalog.info("extreme_weather").rules_file
 assert RULES_FILE is not None

@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 from mlhpc.submission_checker.compliance import analyse_log, own_rules
-from tests.conftest import official_compliance
-from tests.helpers.mllog_files import RULES_FILE, _good_events, _write_log
+from tests.helpers.mllog_files import RULES_FILE, _good_events, _write_log, official_compliance
 
 # Keys whose rules this file changes on purpose (see its header): the two dispatches to other
 # rule files and closed_common's optional gradient_accumulation_frequency, made required.

@@ -209,7 +209,7 @@ def test_a_generation_under_way_in_another_process_is_refused_not_removed(tmp_pa
     """Two generators into one folder: the second used to take the first's half-written files
     for a killed generation's and remove them under it."""
     from mlhpc.common.safeio.locks import FolderBusy
-    from tests.conftest import held_by_another_process
+    from tests.helpers.processes import held_by_another_process
 
     data = tmp_path / "data"
     with held_by_another_process(GENERATING_ELSEWHERE, str(data)):

@@ -35,7 +35,7 @@ from mlhpc.common.errors import DataError
 from mlhpc.common.safeio.datasets import MAX_H5_LINKS, open_h5
 from mlhpc.staging import build_manifest
 from mlhpc.staging.manifest import MANIFEST_NAME
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 # a batch the 4 samples hold: mlhpc run refuses a batch an epoch cannot fill before any read

@@ -17,8 +17,7 @@ from mlhpc.common.training.loop import RunResult
 from mlhpc.submission_checker import hpc_ai500
 from mlhpc.submission_checker.logparse import parse_log
 from mlhpc.submission_checker.scoring import fixed_epoch_score, log_fixed_epoch_score
-from tests.conftest import official_compliance
-from tests.helpers.mllog_files import RULES_FILE, _good_events, _write_log
+from tests.helpers.mllog_files import RULES_FILE, _good_events, _write_log, official_compliance
 from tests.helpers.toy_benchmark import run_toy
 
 TARGET = hpc_ai500.target("extreme_weather")

@@ -23,7 +23,7 @@ from mlhpc.common.safeio import safe_read
 from mlhpc.common.training.mllogger import MLLog
 from mlhpc.results.report import read_breakdowns, report_command
 from mlhpc.results.variability import read_runs, variability_command
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 from tests.helpers.mllog_files import write_log
 
 BREAKDOWN = {

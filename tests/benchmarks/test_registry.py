@@ -24,7 +24,7 @@ from mlhpc.common.contract import catalog, registry
 from mlhpc.common.contract.catalog import required_run_count
 from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 from tests.helpers.toy_benchmark import TOY, TOY_INFO
 
 REPO = Path(__file__).resolve().parents[2]

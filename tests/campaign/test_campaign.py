@@ -18,7 +18,8 @@ from mlhpc.common.training.timing import PHASES
 from mlhpc.submission_checker.check import check_submission
 from mlhpc.submission_checker.compliance import analyse_logs
 from mlhpc.submission_checker.scoring import RunTiming, weak_score
-from tests.conftest import cli_env, mlhpc_cli, mllog_events
+from tests.helpers.cli import cli_env, mlhpc_cli
+from tests.helpers.mllog_files import mllog_events
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from mlhpc.campaign.plan import (
 )
 from mlhpc.campaign.seeds import MAX_RUNS, MAX_SEED, check_numbers
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
-from tests.conftest import cli_env, mlhpc_cli
+from tests.helpers.cli import cli_env, mlhpc_cli
 
 OUT = Path("/runs/out")
 SETTINGS = Settings(submitter="org", system="sys_n4", division="closed", status="onprem", ruleset="3.0.0")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 
 
 def events(stdout: str) -> dict[str, object]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 # Two ranks of one real gloo group on this host, each given the layout that gather_node_layout
 # finds when they sit on two hosts ("a" and "b"), then one instance of both.

@@ -14,7 +14,7 @@ from mlhpc.campaign.machine import RANKS_PER_CPU
 from mlhpc.commands import MAX_THREADS, refuse_bad_counts
 from mlhpc.common.cluster.threads import cpu_budget
 from mlhpc.common.errors import ConfigError
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 
 def test_process_and_thread_counts_are_bounded_by_the_machine() -> None:

@@ -17,7 +17,7 @@ from mlhpc.campaign import machine
 from mlhpc.campaign.options import check_instances
 from mlhpc.campaign.slurm_graph import JobTools, SlurmResources
 from mlhpc.common.errors import ConfigError
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 

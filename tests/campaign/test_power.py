@@ -16,7 +16,7 @@ from mlhpc.common.errors import ConfigError
 from mlhpc.power import PowerSampler, node_counters, power_log_path, rapl_counters
 from mlhpc.submission_checker import check_submission
 from mlhpc.submission_checker.energy import node_energy_j, read_power_log
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 
 
 def _zone(root: Path, name: str, energy_uj: int | str | None, wrap_uj: int | None = None) -> Path:

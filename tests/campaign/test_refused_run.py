@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 SMALL = [
     "data.num_train_samples=32",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RUN_AND_TIME_INPUTS, cli_env
+from tests.helpers.cli import RUN_AND_TIME_INPUTS, cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_AND_TIME = REPO / "run_and_time.sh"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from mlhpc.campaign.seeds import seed_of
-from tests.conftest import cli_env, mllog_events
+from tests.helpers.cli import cli_env
+from tests.helpers.mllog_files import mllog_events
 
 pytestmark = pytest.mark.slow
 

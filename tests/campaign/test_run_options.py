@@ -18,7 +18,7 @@ from mlhpc.campaign.options import _ARGV, RunOptions, from_args
 from mlhpc.campaign.seeds import seed_of
 from mlhpc.cli import build_parser
 from mlhpc.common import vocabulary
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 
 def parse(argv: list[str]) -> RunOptions:

@@ -21,7 +21,8 @@ from mlhpc.common.errors import SubmissionError
 from mlhpc.generation import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.staging.localdir import STAGE_OWNER, claim_stage_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import merge_system_json
-from tests.conftest import cli_env, ctrl_c_as_at_a_terminal
+from tests.helpers.cli import cli_env
+from tests.helpers.processes import ctrl_c_as_at_a_terminal
 
 RESULTS = "mlhpc/results/ci/strong/cosmoflow"
 SYSTEM_JSON = "mlhpc/systems/ci.json"
@@ -195,7 +196,7 @@ def holder_pid(out: Path) -> int | None:
 def test_an_index_run_waits_for_outs_lock_then_plans(tmp_path: Path) -> None:
     """`mlhpc run --index` holds --out's lock only to plan, so Slurm tasks starting together wait
     their turn for it instead of refusing each other (a full campaign is refused at once, above)."""
-    from tests.conftest import lock_held_elsewhere
+    from tests.helpers.processes import lock_held_elsewhere
 
     out = tmp_path / "out"
     taken = out / RESULTS / "result_0.txt"

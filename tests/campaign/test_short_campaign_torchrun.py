@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmJob, SlurmReso
 from mlhpc.cli import build_parser
 from mlhpc.commands.run import _run_options
 from mlhpc.common.errors import ConfigError, SubmissionError
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = JobTools(run_and_time=REPO / "run_and_time.sh", mlhpc_cmd=(sys.executable, "-m", "mlhpc"))
@@ -464,7 +464,7 @@ def test_slurm_submission_records_the_campaign_and_refuses_a_second_or_a_changed
 
 
 def test_a_second_submission_into_a_busy_out_is_refused(tmp_path: Path) -> None:
-    from tests.conftest import lock_held_elsewhere
+    from tests.helpers.processes import lock_held_elsewhere
 
     env, calls = fake_sbatch(tmp_path)
     out = tmp_path / "runs"

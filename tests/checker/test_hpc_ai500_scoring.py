@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from mlhpc.submission_checker.compliance import analyse_log
 from mlhpc.submission_checker.logparse import parse_log
 from mlhpc.submission_checker.scoring import fixed_epoch_score, run_flops, valid_flops_penalty
-from tests.conftest import official_compliance
-from tests.helpers.mllog_files import RULES_FILE, _good_events, _write_log
+from tests.helpers.mllog_files import RULES_FILE, _good_events, _write_log, official_compliance
 
 BELOW = (0.21, 0.28)  # never reaches 0.35
 

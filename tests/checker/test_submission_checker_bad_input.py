@@ -14,7 +14,7 @@ import pytest
 from mlhpc.submission_checker import check_submission
 from mlhpc.submission_checker.compliance import MAX_RESULT_BYTES
 from mlhpc.submission_checker.logparse import MAX_MLLOG_LINE_CHARS
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 
 SAMPLE = Path(__file__).parents[1] / "data" / "hpc_v2.0_helmholtzai" / "HelmholtzAI"
 HOREKA = "horeka_gpu_n512_pytorch1.13"

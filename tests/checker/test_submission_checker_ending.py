@@ -12,7 +12,7 @@ import pytest
 from mlhpc.submission_checker import check_submission
 from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 from mlhpc.submission_checker.rcp_checks import rcp_configs, smoke_batch
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 
 V2 = Path(__file__).parents[1] / "data" / "hpc_v2.0_helmholtzai" / "HelmholtzAI"
 HOREKA_COSMOFLOW = V2 / "results" / "horeka_gpu_n512_pytorch1.13" / "strong" / "cosmoflow"

@@ -24,7 +24,7 @@ from mlhpc.submission_checker import CheckReport, check_submission
 from mlhpc.submission_checker.energy import MAX_WATTS
 from mlhpc.submission_checker.logparse import MAX_TIME_MS
 from mlhpc.submission_checker.scoring import MAX_TIME_TO_TRAIN_MIN, impossible_minutes
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 from tests.helpers.submissions import DEEPCAM, SYSTEM, add_power, make_entry
 
 TOKEN = ":::MLLOG "

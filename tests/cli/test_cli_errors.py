@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, ctrl_c_as_at_a_terminal, mlhpc_cli
-from tests.helpers.cli import one_error_line
+from tests.helpers.cli import cli_env, mlhpc_cli, one_error_line
 from tests.helpers.mllog_files import write_log
+from tests.helpers.processes import ctrl_c_as_at_a_terminal
 
 # /sys refuses new files even to root, unlike a chmod 555 folder.
 UNWRITABLE = "/sys/mlhpc-test"

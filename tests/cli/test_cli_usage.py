@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from mlhpc.cli import build_parser, main
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 
 Command = tuple[str, ...]
 

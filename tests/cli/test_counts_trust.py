@@ -20,7 +20,7 @@ from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import MAX_YAML_DEPTH, load_config, parse_overrides
 from mlhpc.common.errors import ConfigError
 from mlhpc.dataset_size import MAX_SIZE_BYTES, parse_size
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 CONFIGS = {"cosmoflow": CosmoFlowConfig, "deepcam": DeepCamConfig, "extreme_weather": ExtremeWeatherConfig}
 COUNTS = st.one_of(

@@ -22,7 +22,7 @@ from mlhpc.common.cluster.threads import count_bound
 from mlhpc.common.errors import ConfigError
 from mlhpc.staging.localdir import STAGE_OWNER
 from mlhpc.staging.study import space
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 

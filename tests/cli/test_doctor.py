@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mlhpc.environment import EnvironmentProblem, check_device, pair_problem, torchvision_for
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 NMS_ERROR = "operator torchvision::nms does not exist"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -328,3 +329,34 @@ def test_a_slurm_submission_validates_its_config_without_torch(
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == expected, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+_TEST_MODULE = re.compile(r"^(tests\.(?:\w+\.)*test_\w+)")
+
+
+def imports_between_tests(folder: Path, package: str = "tests") -> list[str]:
+    """`file:line module` for each import, under `folder` (the `package` folder), of another test
+    module or of the conftest: helpers live in tests/helpers (a module may import itself, so that
+    spawned processes unpickle what it defines)."""
+    broken = []
+    for path in sorted(folder.rglob("*.py")):
+        own = ".".join([package, *path.relative_to(folder).with_suffix("").parts])
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), own.rpartition(".")[0]):
+            other = _TEST_MODULE.match(module)
+            conftest = module == f"{package}.conftest" or module.startswith(f"{package}.conftest.")
+            if conftest or (other and other.group(1) != own):
+                broken.append(f"{path.relative_to(folder)}:{line} {module}")
+    return broken
+
+
+def test_no_test_module_imports_another_or_the_conftest(tmp_path: Path) -> None:
+    assert imports_between_tests(REPO / "tests") == []
+    (tmp_path / "room").mkdir()
+    (tmp_path / "room" / "test_own.py").write_text("from tests.room.test_own import Picklable\n")
+    (tmp_path / "helpers.py").write_text("from tests.helpers.cli import cli_env\n")
+    assert imports_between_tests(tmp_path) == []  # itself, and a helper: both allowed
+    (tmp_path / "room" / "test_a.py").write_text("from tests.other.test_b import helper\n")
+    (tmp_path / "room" / "test_c.py").write_text("def f():\n    from tests.conftest import cli_env\n")
+    (tmp_path / "room" / "test_d.py").write_text("from tests.other import test_b\nimport tests.conftest\n")
+    (tmp_path / "room" / "test_e.py").write_text("from ..other.test_b import helper\n")
+    assert len(imports_between_tests(tmp_path)) == 5

@@ -15,8 +15,7 @@ from mlhpc.common.contract import catalog
 from mlhpc.common.contract.config import load_config
 from mlhpc.common.display.debug_log import debug_log
 from mlhpc.common.errors import ConfigError
-from tests.conftest import mlhpc_cli
-from tests.helpers.cli import one_error_line
+from tests.helpers.cli import mlhpc_cli, one_error_line
 
 COSMOFLOW = catalog.info("cosmoflow")
 

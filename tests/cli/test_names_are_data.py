@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 
 SAMPLE = Path(__file__).parents[1] / "data" / "hpc_v2.0_helmholtzai" / "HelmholtzAI"
 HOREKA = "horeka_gpu_n512_pytorch1.13"

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from mlhpc.common.errors import MlhpcError
 from mlhpc.common.safeio.locks import LOCK_NAME, FolderBusy, folder_lock
 from mlhpc.staging.localdir import STAGE_OWNER, claim_stage_dir, remove_stale_stage_dirs
-from tests.conftest import cli_env, lock_held_elsewhere
+from tests.helpers.cli import cli_env
+from tests.helpers.processes import lock_held_elsewhere
 
 
 def _dead_pid() -> int:

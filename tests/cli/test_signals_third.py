@@ -32,7 +32,8 @@ from mlhpc.staging.localdir import (
     remove_claimed_dir,
     remove_stale_stage_dirs,
 )
-from tests.conftest import cli_env, ctrl_c_as_at_a_terminal
+from tests.helpers.cli import cli_env
+from tests.helpers.processes import ctrl_c_as_at_a_terminal
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 20261128

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, ctrl_c_as_at_a_terminal
+from tests.helpers.cli import cli_env
+from tests.helpers.processes import ctrl_c_as_at_a_terminal
 
 # Never reaches its target: the run is surely training when it is stopped.
 ENDLESS = ("data.num_train_samples=512", "data.num_eval_samples=16", "loop.target=0.00001")

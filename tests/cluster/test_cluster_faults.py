@@ -34,7 +34,8 @@ import pytest
 
 from mlhpc.common.cluster.liveness import LISTEN_S, STORE_TIMEOUT_S
 from scripts.vclusterlib.client import VCLUSTER, run_vcluster
-from tests.conftest import cli_env, dataset_files
+from tests.helpers.cli import cli_env
+from tests.helpers.datasets import dataset_files
 from tests.helpers.vcluster_fixture import (
     VCluster,
     own_cluster,

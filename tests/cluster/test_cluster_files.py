@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from mlhpc.campaign.seeds import seed_of
-from tests.conftest import RUN_AND_TIME_INPUTS, cli_env, mllog_events
+from tests.helpers.cli import RUN_AND_TIME_INPUTS, cli_env
+from tests.helpers.mllog_files import mllog_events
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_AND_TIME = REPO / "run_and_time.sh"

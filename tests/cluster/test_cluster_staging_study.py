@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc.staging.study import model as vm  # the model on the virtual cluster
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 from tests.helpers.vcluster_fixture import vcluster_missing
 
 REPO = Path(__file__).resolve().parents[2]

@@ -35,7 +35,7 @@ from mlhpc.benchmarks.cosmoflow import data as cosmo_data_module
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
-from tests.conftest import mllog_events
+from tests.helpers.mllog_files import mllog_events
 from tests.helpers.vcluster_fixture import VCluster
 
 pytestmark = pytest.mark.cluster

@@ -21,7 +21,8 @@ from mlhpc.benchmarks.cosmoflow import data as cosmo_data_module
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
-from tests.conftest import cli_env, mllog_events
+from tests.helpers.cli import cli_env
+from tests.helpers.mllog_files import mllog_events
 
 PYTHON = sys.executable
 # horovodrun sits beside the venv's python; .ci/run calls .venv/bin/pytest without activating it.

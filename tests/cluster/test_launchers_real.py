@@ -17,10 +17,12 @@ from mlhpc.benchmarks.cosmoflow import data as cosmo_data_module
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
-from tests.conftest import cli_env, dataset_files, mllog_events
+from tests.helpers.cli import cli_env
 
 # slurm_cluster_fixture provides the `slurm_cluster` fixture.
 from tests.helpers.cluster_fixtures import SlurmCluster, free_port, slurm_cluster_fixture  # noqa: F401
+from tests.helpers.datasets import dataset_files
+from tests.helpers.mllog_files import mllog_events
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import pytest
 from mlhpc.common.cluster.group import collective_reason, collective_timeout
 from mlhpc.common.cluster.liveness import HOST_WAIT_S, LISTEN_S, STORE_TIMEOUT_S
 from mlhpc.common.errors import ConfigError
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 TIMEOUT_S = 3
 LOOK_BOUND_S = LISTEN_S + 2 * STORE_TIMEOUT_S + HOST_WAIT_S

@@ -12,7 +12,7 @@ import torch
 
 from mlhpc.benchmarks.extreme_weather import evaluation
 from tests.helpers.launchers import torchrun
-from tests.conftest import mllog_events
+from tests.helpers.mllog_files import mllog_events
 
 pytestmark = pytest.mark.distributed
 

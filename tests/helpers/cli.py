@@ -1,8 +1,13 @@
-"""What a failed mlhpc command must look like: one stderr line, exit 2, no traceback."""
+"""Running mlhpc as a subprocess the way a user does (its environment, its command line), and what a
+failed command must look like: one stderr line, exit 2, no traceback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -14,3 +19,49 @@ def one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> str
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+RUN_AND_TIME_INPUTS = (
+    "BENCHMARK",
+    "CONFIG",
+    "SEED",
+    "FIRST_SEED",
+    "OUT",
+    "DATA",
+    "RUN_INDEX",
+    "LAUNCHER",
+    "EXTRA_ARGS",
+    "MLHPC_CMD",
+    "MLHPC_PYTHON",
+    "DRY_RUN",
+)
+"""run_and_time.sh's environment inputs: a test of the script sets its own, never inherits them."""
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for a `python -m mlhpc` subprocess: this venv first on PATH, no launcher vars."""
+    launcher_prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MLHPC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_prefixes)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def mlhpc_cli(
+    args: Sequence[str], root: Path, timeout: float = 600, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m mlhpc ARGS` in `root` in a subprocess (its own MLLOG state), staging under root/local."""
+    return subprocess.run(
+        [sys.executable, "-m", "mlhpc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(MLHPC_LOCAL_DIR=str(root / "local"), **env),
+        cwd=root,
+    )

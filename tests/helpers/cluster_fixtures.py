@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from scripts.vclusterlib.slurm import slurm_conf_text
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 SLURM_DAEMONS = ("munged", "slurmctld", "slurmd")
 SLURM_CLIENTS = ("sinfo", "srun", "sbatch", "scancel", "munge", "unmunge")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 
 def torchrun(

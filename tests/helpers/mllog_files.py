@@ -1,12 +1,17 @@
-"""MLLOG result files written for tests: short result logs and logs from (event_type, key, value, metadata) lists."""
+"""MLLOG files for tests: short result logs and logs from (event_type, key, value, metadata) lists written,
+logs read back as records, and the official compliance checker run on one."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from mlhpc.common.contract import catalog
+from tests.helpers.cli import cli_env
 
 
 def write_log(path: Path, seed: int, minutes: float, epochs: int, status: str = "success") -> None:
@@ -95,3 +100,32 @@ def _write_log(path: Path, events: list[tuple[str, str, Any, dict[str, Any]]]) -
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def official_compliance(
+    log: Path, ruleset: str = "3.0.0", rules: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The official checker as its README runs it (HPC usage); `rules` is our own rule file for a
+    benchmark mlperf_logging has none for (the engine needs it as an absolute path)."""
+    scratch = Path(tempfile.mkdtemp(prefix="compliance-"))  # its log goes here, not beside the result
+    command = [
+        sys.executable,
+        "-m",
+        "mlperf_logging.compliance_checker",
+        "--usage",
+        "hpc",
+        "--ruleset",
+        ruleset,
+    ]
+    command += ["--log_output", str(scratch / "compliance.log")]
+    if rules is not None:
+        command += ["--config", str(Path(rules).resolve())]
+    return subprocess.run(
+        [*command, str(log)], capture_output=True, text=True, timeout=120, env=cli_env(), cwd=scratch
+    )
+
+
+def mllog_events(path: Path) -> list[dict]:
+    """The decoded `:::MLLOG` records of a log (or of captured output with other lines around them)."""
+    lines = path.read_text().splitlines()
+    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in lines if ":::MLLOG" in line]

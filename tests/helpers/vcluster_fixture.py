@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from scripts.vclusterlib.client import run_vcluster, seen_by_nodes
-from tests.conftest import REPO, cli_env
+from tests.helpers.cli import REPO, cli_env
 
 NODES = 4
 NEEDED = {

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from mlhpc.cli import main
 from mlhpc.submission_checker import check_submission
-from tests.conftest import cli_env, held_by_another_process, mlhpc_cli
+from tests.helpers.cli import cli_env, mlhpc_cli
+from tests.helpers.processes import held_by_another_process
 
 DATA = Path(__file__).parents[1] / "data"
 HELMHOLTZ = DATA / "hpc_v2.0_helmholtzai"

@@ -16,7 +16,7 @@ from mlhpc.results.variability import (
     read_runs,
     runs_needed,
 )
-from tests.conftest import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
 from tests.helpers.mllog_files import write_log
 
 HELMHOLTZ = Path(__file__).parents[1] / "data/hpc_v2.0_helmholtzai/HelmholtzAI/results"

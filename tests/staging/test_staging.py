@@ -55,7 +55,9 @@ from mlhpc.staging.sink import (
     Staged,
 )
 from mlhpc.staging.study.model import Cluster, model_table, staging_time
-from tests.conftest import cli_env, dataset_files, lock_held_elsewhere
+from tests.helpers.cli import cli_env
+from tests.helpers.datasets import dataset_files
+from tests.helpers.processes import lock_held_elsewhere
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
 from mlhpc.staging.extract import ArchiveExtractor
 from mlhpc.staging.journal import close_journal
 from mlhpc.staging.sink import SinkOptions
-from tests.conftest import dataset_files, mlhpc_cli
+from tests.helpers.cli import mlhpc_cli
+from tests.helpers.datasets import dataset_files
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from mlhpc.cli import build_parser
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 PROBE = """
 import sys

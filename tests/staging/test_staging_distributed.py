@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest, verify_staged
-from tests.conftest import cli_env, dataset_files
+from tests.helpers.cli import cli_env
+from tests.helpers.datasets import dataset_files
 
 pytestmark = pytest.mark.distributed
 

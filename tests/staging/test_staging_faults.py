@@ -21,8 +21,10 @@ import pytest
 
 from mlhpc.common.safeio.locks import LOCK_NAME
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest
-from tests.conftest import cli_env, ctrl_c_as_at_a_terminal, dataset_files, lock_held_elsewhere
+from tests.helpers.cli import cli_env
+from tests.helpers.datasets import dataset_files
 from tests.helpers.mounts import tmpfs
+from tests.helpers.processes import ctrl_c_as_at_a_terminal, lock_held_elsewhere
 
 KILL_SEED = 20261124
 

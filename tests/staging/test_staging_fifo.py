@@ -25,7 +25,7 @@ from mlhpc.staging import (
     verify_staged,
 )
 from mlhpc.staging.manifest import hash_file
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 TIMEOUT_S = 60
 """Far more than any of these takes; a FIFO that blocked would run into it."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 STAGING = Path(__file__).resolve().parents[2] / "staging"
 PACKAGE = "mlhpc.staging"

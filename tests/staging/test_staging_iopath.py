@@ -16,7 +16,8 @@ from mlhpc.staging import finish as finish_module
 from mlhpc.staging.buffered import SLICE_BYTES, copy_buffered
 from mlhpc.staging.iopath import cached_fraction, cgroup_room, decide, resident_bytes
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
-from tests.conftest import cli_env, dataset_files
+from tests.helpers.cli import cli_env
+from tests.helpers.datasets import dataset_files
 
 MIB = 1 << 20
 

@@ -17,7 +17,7 @@ from mlhpc.staging import StageRequest, buffered, stage_dataset, verify_staged
 from mlhpc.staging.buffered import KERNEL_COPY_MIN_BYTES, KERNEL_SLICE_BYTES, copy_kernel
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
 from mlhpc.staging.sink import forget_checked_dirs
-from tests.conftest import dataset_files
+from tests.helpers.datasets import dataset_files
 
 SIZES = [5000, 2 * KERNEL_SLICE_BYTES + 7]  # one piece, and several slices with a short last one
 

@@ -18,7 +18,7 @@ from mlhpc.cli import main
 from mlhpc.common.cluster.launch import NodeLayout, node_layout, uniform_layout
 from mlhpc.staging import CallbackComm, comm_for
 from mlhpc.staging.comm import topology_of
-from tests.conftest import cli_env
+from tests.helpers.cli import cli_env
 
 
 def test_ranks_on_one_host_share_a_node_in_the_order_of_their_first_rank() -> None:

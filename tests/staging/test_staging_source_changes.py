@@ -34,7 +34,8 @@ from mlhpc.staging import (
 )
 from mlhpc.staging.archive import sidecar_manifest
 from mlhpc.staging.origin import RACY_NS
-from tests.conftest import cli_env, dataset_files
+from tests.helpers.cli import cli_env
+from tests.helpers.datasets import dataset_files
 
 SETTLE_S = 2 * RACY_NS / 1e9
 """A source file changed less than `RACY_NS` before its copy records no identity (it is copied

@@ -30,7 +30,8 @@ from mlhpc.staging import (
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
 from mlhpc.staging.destination import STAGING_OWNED, run_tokens, space_shortfall
 from mlhpc.staging.origin import RACY_NS
-from tests.conftest import cli_env, dataset_files
+from tests.helpers.cli import cli_env
+from tests.helpers.datasets import dataset_files
 
 
 def mlhpc(*args: str | Path) -> subprocess.CompletedProcess[str]:

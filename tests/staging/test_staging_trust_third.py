@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, StageRequest, build_manifest, origin, stage_dataset
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
-from tests.conftest import dataset_files
+from tests.helpers.datasets import dataset_files
 
 # ---------------------------------------------------------------- zstd frames, every one checked
 FILES = {f"d/f{i}.bin": random.Random(i).randbytes(3000 + 700 * i) for i in range(8)}

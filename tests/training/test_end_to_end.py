@@ -11,7 +11,8 @@ import pytest
 
 from mlhpc.staging import build_manifest
 from mlhpc.staging.manifest import MANIFEST_NAME
-from tests.conftest import mlhpc_cli, mllog_events, official_compliance
+from tests.helpers.cli import mlhpc_cli
+from tests.helpers.mllog_files import mllog_events, official_compliance
 
 pytestmark = pytest.mark.slow
 

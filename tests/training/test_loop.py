@@ -17,8 +17,8 @@ from mlhpc.common.cluster.distributed import DistContext, init_distributed
 from mlhpc.common.contract import registry
 from mlhpc.common.training.batches import to_device
 from mlhpc.common.training.loop import resolve_memory_format
-from tests.conftest import mllog_events
 from tests.helpers.launchers import torchrun
+from tests.helpers.mllog_files import mllog_events
 from tests.helpers.toy_benchmark import TOY, collectives_script, make_config, run_toy
 
 REPO = Path(__file__).resolve().parents[2]

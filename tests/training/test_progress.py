@@ -129,7 +129,7 @@ def test_time_left_is_the_runs_to_go_at_the_mean_so_far(total: int, seconds: lis
 
 def test_each_seed_says_which_of_how_many_and_the_time_left(tmp_path: Path) -> None:
     """A real three-seed campaign (one epoch each, not meant to reach the target)."""
-    from tests.conftest import mlhpc_cli
+    from tests.helpers.cli import mlhpc_cli
 
     args = ["run", "cosmoflow", "--seeds", "3", "--out", "runs", "--no-check", "loop.max_epochs=1", *SMALL]
     proc = mlhpc_cli(args, tmp_path, 600)
@@ -149,7 +149,8 @@ def test_an_interrupted_run_prints_the_command_that_finishes_it(tmp_path: Path) 
     import sys
     import time
 
-    from tests.conftest import cli_env, ctrl_c_as_at_a_terminal
+    from tests.helpers.cli import cli_env
+    from tests.helpers.processes import ctrl_c_as_at_a_terminal
 
     for sig, how in ((signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")):
         out = f"runs {how}"  # a space: the command must come back shell-quoted

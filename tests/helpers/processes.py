@@ -1,0 +1,52 @@
+"""Another process holding something (a folder lock, a script's resource) while a test goes on, and how a
+child a test Ctrl-C's must be started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+from tests.helpers.cli import cli_env
+
+_HOLD_LOCK = """
+import sys
+from pathlib import Path
+from mlhpc.common.safeio.locks import folder_lock
+with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def lock_held_elsewhere(folder: Path) -> AbstractContextManager[int]:
+    """`folder`'s mlhpc lock held by another process for the block; yields that process's pid."""
+    return held_by_another_process(_HOLD_LOCK, str(folder))
+
+
+def ctrl_c_as_at_a_terminal() -> None:
+    """Popen's preexec_fn for a child a test Ctrl-C's: SIGINT back to its default. A job started
+    in the background of a non-interactive shell (`.ci/run &`, nohup) inherits SIGINT ignored,
+    and Python then never raises KeyboardInterrupt: the child would run on, as if never stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def held_by_another_process(script: str, *args: str) -> Iterator[int]:
+    """Runs `script` (which prints "held" once it holds something, then waits on stdin) in another
+    process for the block; yields its pid, and lets it go at the end."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield holder.pid
+    finally:
+        holder.communicate("")
