@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from mlhpc.cli import main
@@ -176,19 +176,27 @@ def test_not_a_submission_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_a_corrupt_store_is_one_line_and_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: bytes, sqlite_header: bool
 ) -> None:
+    assume(sqlite_header or len(body) > 1)  # one byte is the known gap below
     db = tmp_path / "corrupt.sqlite"
     content = (b"SQLite format 3\x00" if sqlite_header else b"") + body
     db.write_bytes(content)
     capsys.readouterr()
-    statuses = []
+    # Bytes that are not an mlhpc store: each command refuses with one line naming the file, and
+    # leaves it as it was (never removed, rewritten, or "repaired" into an empty store).
     for args in (["list"], ["compare", "1"], ["add", str(NCSA)]):
-        statuses.append(main(["results", *args, "--db", str(db)]))
-        if statuses[-1] != 0:
-            assert statuses[-1] == 2
-            assert str(db) in _error_line(capsys)
-        capsys.readouterr()
-    if 0 not in statuses:  # refused throughout: the file is as it was, never removed or rewritten
-        assert db.read_bytes() == content
+        assert main(["results", *args, "--db", str(db)]) == 2, args
+        assert str(db) in _error_line(capsys), args
+        assert db.read_bytes() == content, args
+
+
+@pytest.mark.xfail(strict=True, reason="a one-byte file is taken for an empty store and rewritten")
+def test_a_one_byte_file_is_refused_and_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # SQLite opens a file of a single byte as a new, empty database and `list` writes its schema
+    # over it: mlhpc replaces a file it cannot prove it made. Strict, so the fix turns this red.
+    db = tmp_path / "one-byte.sqlite"
+    db.write_bytes(b"x")
+    assert main(["results", "list", "--db", str(db)]) == 2
+    assert str(db) in _error_line(capsys) and db.read_bytes() == b"x"
 
 
 def test_a_store_that_is_truncated_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
