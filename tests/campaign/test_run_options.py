@@ -14,10 +14,12 @@ from typing import get_args, get_type_hints
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlhpc.campaign.options import _ARGV, RunOptions, from_args
+from mlhpc.campaign.options import _ARGV, RunOptions, check_options, from_args
 from mlhpc.campaign.seeds import seed_of
 from mlhpc.cli import build_parser
 from mlhpc.common import vocabulary
+from mlhpc.common.errors import ConfigError
+from mlhpc.submission_checker.logparse import LogSniff
 from tests.helpers.cli import cli_env
 
 
@@ -108,7 +110,20 @@ def test_argparse_offers_the_vocabulary() -> None:
 def test_the_staging_rule_is_the_checkers() -> None:
     from mlhpc.submission_checker import ruleset
 
-    assert ruleset.STAGING_BEFORE_RUN_START_SINCE == vocabulary.STAGING_BEFORE_RUN_START_SINCE
+    # The run command refuses `--staging before` under exactly the rulesets older than the one the
+    # checker takes a log with staging before run_start to need.
+    sniff = LogSniff(benchmark=None, run_start_ms=None, staging_before_run_start=True)
+    [(needed, _)] = ruleset.log_signals(sniff)
+    for name in vocabulary.RULESETS:
+        opts = parse(["run", "cosmoflow", "--out", "x", "--staging", "before", "--ruleset", name])
+        older = vocabulary.RULESETS.index(name) < vocabulary.RULESETS.index(needed)
+        try:
+            check_options(opts)
+        except ConfigError as e:
+            assert older, f"--ruleset {name} refused: {e}"
+            assert "--staging before" in str(e) and needed in str(e)
+        else:
+            assert not older, f"--staging before accepted under --ruleset {name}, older than {needed}"
     assert [r for r in vocabulary.RULESETS if vocabulary.staging_before_allowed(r)] == ["3.0.0"]
     assert vocabulary.DEFAULT_RULESET == "3.0.0" == vocabulary.RULESETS[-1]
 
