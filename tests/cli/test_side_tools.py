@@ -101,11 +101,11 @@ def test_a_slow_step_at_a_terminal_spins_and_stops(tmp_path: Path) -> None:
     assert "reading 40 logs ..." in shown
 
 
-def test_the_run_counts_take_a_fraction_of_a_second_not_25_s() -> None:
-    """`runs_needed` scanned to 200 runs, simulating each campaign size anew: 25 s of silence."""
+def test_the_run_counts_simulate_once_not_once_per_campaign_size() -> None:
+    """`runs_needed` scanned to 200 runs, simulating each campaign size anew: 25 s of silence. The
+    whole scan now costs one simulation (how long that takes is perf/'s business, not a test's)."""
     _olympic_se_table.cache_clear()
-    started = time.perf_counter()
     assert runs_needed(5.0, 0.01) is None  # the whole scan, to MAX_RUNS
-    assert time.perf_counter() - started < 5.0
+    assert _olympic_se_table.cache_info().misses == 1
     table = [olympic_se_factor(n) for n in range(3, MAX_RUNS + 1)]
     assert all(a > b for a, b in itertools.pairwise(table))  # shared draws: no noise reordering
