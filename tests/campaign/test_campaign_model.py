@@ -22,6 +22,7 @@ from mlhpc.campaign.plan import (
     plan_campaign,
 )
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
+from tests.helpers.campaign_plans import plan
 
 OUT = Path("/runs/out")
 SETTINGS = Settings(submitter="org", system="sys_n4", division="closed", status="onprem", ruleset="3.0.0")
@@ -45,8 +46,6 @@ def recorded(seeds: int = 3, first_seed: int = 100, config_id: str = "aaaa") -> 
     return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
 
 
-def plan(req: CampaignRequest, record: CampaignFile | None = None, scan: ResultScan | None = None):
-    return plan_campaign(req, record, lambda _: scan or ResultScan(), lambda: 4242)
 
 
 def test_a_fresh_campaign_runs_every_index_from_a_random_first_seed() -> None:

@@ -27,10 +27,10 @@ from mlhpc.campaign.plan import (
     Entry,
     ResultScan,
     Settings,
-    plan_campaign,
 )
 from mlhpc.campaign.seeds import MAX_RUNS, MAX_SEED, check_numbers
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
+from tests.helpers.campaign_plans import plan
 from tests.helpers.cli import cli_env, mlhpc_cli
 
 OUT = Path("/runs/out")
@@ -53,10 +53,6 @@ def request(**changes: object) -> CampaignRequest:
 def recorded(first_seed: int = 100, seeds: int = 3) -> CampaignFile:
     entry = Entry(config="mini", config_id="aaaa", num_runs=seeds, first_seed=first_seed)
     return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
-
-
-def plan(req: CampaignRequest, record: CampaignFile | None = None, scan: ResultScan | None = None):
-    return plan_campaign(req, record, lambda _: scan or ResultScan(), lambda: 4242)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -65,3 +65,7 @@ def mlhpc_cli(
         env=cli_env(MLHPC_LOCAL_DIR=str(root / "local"), **env),
         cwd=root,
     )
+
+
+def stage_command(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "mlhpc", "stage", *map(str, args)]

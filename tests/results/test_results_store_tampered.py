@@ -33,7 +33,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+def one_captured_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
@@ -57,7 +57,7 @@ def test_a_hand_edited_store_is_one_line_or_a_clean_listing(
     for args in (["list"], ["compare", "1", "--all"]):
         status = main(["results", *args, "--db", str(db)])
         if status == 2:
-            line = one_error_line(capsys)
+            line = one_captured_error_line(capsys)
             assert str(db) in line and "move" in line and column in line
         else:
             assert status == 0
@@ -72,7 +72,7 @@ def test_infinity_in_a_store_is_refused_by_name(store: Path, tmp_path: Path, cap
         connection.execute("UPDATE entries SET score_min = 1e400 WHERE id = 1")
     capsys.readouterr()
     assert main(["results", "list", "--db", str(db)]) == 2
-    line = one_error_line(capsys)
+    line = one_captured_error_line(capsys)
     assert f"results store {db}: entry 1's score_min is inf" in line and "add again" in line
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from mlhpc.common.safeio.locks import LOCK_NAME
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import cli_env, stage_command
 from tests.helpers.datasets import dataset_files
 from tests.helpers.mounts import tmpfs
 from tests.helpers.processes import ctrl_c_as_at_a_terminal, lock_held_elsewhere
@@ -29,8 +29,6 @@ from tests.helpers.processes import ctrl_c_as_at_a_terminal, lock_held_elsewhere
 KILL_SEED = 20261124
 
 
-def stage_command(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "mlhpc", "stage", *map(str, args)]
 
 
 def run_stage(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

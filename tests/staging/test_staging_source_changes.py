@@ -34,7 +34,7 @@ from mlhpc.staging import (
 )
 from mlhpc.staging.archive import sidecar_manifest
 from mlhpc.staging.origin import RACY_NS
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import cli_env, stage_command
 from tests.helpers.datasets import dataset_files
 
 SETTLE_S = 2 * RACY_NS / 1e9
@@ -200,9 +200,6 @@ def test_verify_without_the_source_says_so(tmp_path: Path) -> None:
 
 # --- a change between an interruption and the resume -------------------------------------
 
-
-def stage_command(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "mlhpc", "stage", *map(str, args)]
 
 
 def stranger_named(stderr: str, dest: Path, src: Path) -> str | None:
