@@ -133,6 +133,7 @@ def open_store(db: Path | str, *, create: bool) -> Iterator[sqlite3.Connection]:
         why = safe_read.refusal(db, what="a results store")
         if why is not None:
             raise MlhpcError(f"results store {db}: {why.reason}; {_fix(db)}")
+        _refuse_what_is_not_sqlite(db)
     elif not create:
         raise MlhpcError(f"no results store at {db}; add entries first: mlhpc results add DIR --db {db}")
     else:
@@ -151,6 +152,22 @@ def open_store(db: Path | str, *, create: bool) -> Iterator[sqlite3.Connection]:
             yield connection
     finally:
         connection.close()
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _refuse_what_is_not_sqlite(db: Path) -> None:
+    """A file that holds bytes but not SQLite's header is someone's data: SQLite would take a
+    file shorter than a page for an empty database and write over it. An empty file has nothing
+    to lose."""
+    try:
+        with db.open("rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+    except OSError as e:
+        raise MlhpcError(f"cannot read the results store {db} ({e.strerror or e}); {_fix(db)}") from e
+    if head and head != SQLITE_HEADER:
+        raise MlhpcError(f"{db} is not a results store (no SQLite header); {_fix(db)}")
 
 
 def _prepare(connection: sqlite3.Connection, db: Path) -> None:

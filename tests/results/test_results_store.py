@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlhpc.cli import main
@@ -176,7 +176,6 @@ def test_not_a_submission_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_a_corrupt_store_is_one_line_and_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: bytes, sqlite_header: bool
 ) -> None:
-    assume(sqlite_header or len(body) > 1)  # one byte is the known gap below
     db = tmp_path / "corrupt.sqlite"
     content = (b"SQLite format 3\x00" if sqlite_header else b"") + body
     db.write_bytes(content)
@@ -189,14 +188,14 @@ def test_a_corrupt_store_is_one_line_and_kept(
         assert db.read_bytes() == content, args
 
 
-@pytest.mark.xfail(strict=True, reason="a one-byte file is taken for an empty store and rewritten")
 def test_a_one_byte_file_is_refused_and_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # SQLite opens a file of a single byte as a new, empty database and `list` writes its schema
-    # over it: mlhpc replaces a file it cannot prove it made. Strict, so the fix turns this red.
+    # SQLite opens a file of a single byte as a new, empty database and would write its schema
+    # over it: mlhpc refuses bytes without SQLite's header before SQLite sees them.
     db = tmp_path / "one-byte.sqlite"
     db.write_bytes(b"x")
-    assert main(["results", "list", "--db", str(db)]) == 2
-    assert str(db) in _error_line(capsys) and db.read_bytes() == b"x"
+    for args in (["list"], ["compare", "1"], ["add", str(NCSA)]):
+        assert main(["results", *args, "--db", str(db)]) == 2, args
+        assert str(db) in _error_line(capsys) and db.read_bytes() == b"x", args
 
 
 def test_a_store_that_is_truncated_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
