@@ -44,7 +44,7 @@ import dataclasses, sys
 from mlhpc import cli
 from mlhpc.common.contract import registry
 from mlhpc.common.training.loaders import torch_data_bundle
-from tests import toy_benchmark as toy
+from tests.helpers import toy_benchmark as toy
 
 bench = toy.TOY
 if sys.argv[1] == "workers":
