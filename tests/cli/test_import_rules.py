@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN_IN_COMMON = ("mlhpc.benchmarks", "mlhpc.cli", "mlhpc.commands")
 # Modules that are torch by design, imported only when chosen (the torch.distributed communicator).
 TORCH_BY_DESIGN = {"mlhpc.staging.torch_comm"}
+# The command line: nothing below it may import it back.
+CLI = ("mlhpc.cli",)
 
 
 def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -49,6 +52,15 @@ def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
     return found
 
 
+def imports_in(folder: Path, package: str) -> Iterator[tuple[Path, str, int, str]]:
+    """(path under `folder`, the module's own dotted name, line, imported module) for every import
+    in every .py file under `folder`, the modules of the `package` package."""
+    for path in sorted(folder.rglob("*.py")):
+        own = ".".join([package, *path.relative_to(folder).with_suffix("").parts])
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), own.rpartition(".")[0]):
+            yield path.relative_to(folder), own, line, module
+
+
 def forbidden(module: str) -> bool:
     return any(module == prefix or module.startswith(prefix + ".") for prefix in FORBIDDEN_IN_COMMON)
 
@@ -67,13 +79,11 @@ def test_the_static_rule_sees_each_kind_of_import() -> None:
 
 
 def test_common_imports_neither_the_benchmarks_nor_the_cli() -> None:
-    common = REPO / "common"
-    broken = []
-    for path in sorted(common.rglob("*.py")):
-        package = ".".join(["mlhpc", "common", *path.relative_to(common).parent.parts])
-        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
-            if forbidden(module):
-                broken.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+    broken = [
+        f"common/{path}:{line} imports {module}"
+        for path, _, line, module in imports_in(REPO / "common", "mlhpc.common")
+        if forbidden(module)
+    ]
     assert not broken, broken
 
 
@@ -100,15 +110,12 @@ def room_of(module: str) -> str | None:
 def arrows_broken(folder: Path) -> list[str]:
     """Each `file:line imports X` under the common/ `folder` that its room may not import."""
     broken = []
-    for path in sorted(folder.rglob("*.py")):
-        package = ".".join(["mlhpc", "common", *path.relative_to(folder).parent.parts])
-        room = room_of(f"{package}.{path.stem}")
-        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
-            target = room_of(module)
-            if module == "mlhpc.common" or target is None or target == room:
-                continue
-            if target not in ROOM_ARROWS[room]:
-                broken.append(f"{path.relative_to(folder)}:{line} ({room or 'top'}) imports {module}")
+    for path, own, line, module in imports_in(folder, "mlhpc.common"):
+        room, target = room_of(own), room_of(module)
+        if module == "mlhpc.common" or target is None or target == room:
+            continue
+        if target not in ROOM_ARROWS[room]:
+            broken.append(f"{path}:{line} ({room or 'top'}) imports {module}")
     return broken
 
 
@@ -125,25 +132,14 @@ def test_each_room_of_common_imports_only_the_rooms_below_it(tmp_path: Path) -> 
     assert len(arrows_broken(tmp_path)) == 2
 
 
-def imports_of_the_cli(folder: Path, package: str) -> list[str]:
-    """Each `file:line imports mlhpc.cli...` under `folder` (a module of the `package` package)."""
-    broken = []
-    for path in sorted(folder.rglob("*.py")):
-        where = ".".join([package, *path.relative_to(folder).parent.parts])
-        for line, module in imported_modules(path.read_text(encoding="utf-8"), where):
-            if module == "mlhpc.cli" or module.startswith("mlhpc.cli."):
-                broken.append(f"{path.relative_to(folder)}:{line} imports {module}")
-    return broken
-
-
 def test_the_commands_never_import_the_cli(tmp_path: Path) -> None:
     """cli.py imports every command; a command importing back (for Terminated, once) is a cycle that
     works only while the import order happens to allow it. What both need lives lower down."""
-    assert imports_of_the_cli(REPO / "mlhpc" / "commands", "mlhpc.commands") == []
+    assert imports_under(REPO / "mlhpc" / "commands", "mlhpc.commands", CLI) == []
     # The rule sees a lazy, relative one and an aliased one.
     (tmp_path / "bad.py").write_text("def f():\n    from .. import cli\n")
     (tmp_path / "worse.py").write_text("import mlhpc.cli as c\n")
-    assert len(imports_of_the_cli(tmp_path, "mlhpc.commands")) == 2
+    assert len(imports_under(tmp_path, "mlhpc.commands", CLI)) == 2
 
 
 def test_every_command_module_is_listed_and_has_the_one_pattern() -> None:
@@ -215,13 +211,11 @@ def test_the_campaign_room_plans_and_submits_without_torch() -> None:
 
 def imports_under(folder: Path, package: str, prefixes: tuple[str, ...]) -> list[str]:
     """Each `file:line imports X` under `folder` where X is one of `prefixes` or inside it."""
-    broken = []
-    for path in sorted(folder.rglob("*.py")):
-        where = ".".join([package, *path.relative_to(folder).parent.parts])
-        for line, module in imported_modules(path.read_text(encoding="utf-8"), where):
-            if any(module == p or module.startswith(p + ".") for p in prefixes):
-                broken.append(f"{path.relative_to(folder)}:{line} imports {module}")
-    return broken
+    return [
+        f"{path}:{line} imports {module}"
+        for path, _, line, module in imports_in(folder, package)
+        if any(module == p or module.startswith(p + ".") for p in prefixes)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -339,13 +333,11 @@ def imports_between_tests(folder: Path, package: str = "tests") -> list[str]:
     module or of the conftest: helpers live in tests/helpers (a module may import itself, so that
     spawned processes unpickle what it defines)."""
     broken = []
-    for path in sorted(folder.rglob("*.py")):
-        own = ".".join([package, *path.relative_to(folder).with_suffix("").parts])
-        for line, module in imported_modules(path.read_text(encoding="utf-8"), own.rpartition(".")[0]):
-            other = _TEST_MODULE.match(module)
-            conftest = module == f"{package}.conftest" or module.startswith(f"{package}.conftest.")
-            if conftest or (other and other.group(1) != own):
-                broken.append(f"{path.relative_to(folder)}:{line} {module}")
+    for path, own, line, module in imports_in(folder, package):
+        other = _TEST_MODULE.match(module)
+        conftest = module == f"{package}.conftest" or module.startswith(f"{package}.conftest.")
+        if conftest or (other and other.group(1) != own):
+            broken.append(f"{path}:{line} {module}")
     return broken
 
 
