@@ -39,7 +39,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     (mode `0o666 & ~umask`, like any file the user creates)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # A hidden file's temporary keeps its name's start (".mlhpc_x.abc.tmp", not "..mlhpc_x..."):
+    # what skips a folder's bookkeeping by prefix skips a temporary a kill left, too.
+    prefix = f"{path.name}." if path.name.startswith(".") else f".{path.name}."
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), 0o666 & ~current_umask())

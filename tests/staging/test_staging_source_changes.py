@@ -201,6 +201,28 @@ def test_verify_without_the_source_says_so(tmp_path: Path) -> None:
 # --- a change between an interruption and the resume -------------------------------------
 
 
+KILLED_WRITE = """
+import os, sys
+from mlhpc.common.safeio import fileio
+fileio.os.replace = lambda *args: os._exit(9)  # killed after the temporary, before the rename
+fileio.atomic_write_text(sys.argv[1], "half")
+"""
+
+
+@pytest.mark.parametrize("name", [".mlhpc_sources.jsonl", ".mlhpc_staged.json", "mlhpc_manifest.json"])
+def test_a_kill_inside_a_bookkeeping_write_leaves_nothing_a_restage_refuses(tmp_path: Path, name: str) -> None:
+    """SIGKILL between a bookkeeping file's temporary and its rename (CI met it for the sources
+    list: "..mlhpc_sources.jsonl.886g0cwp.tmp" was refused as a stranger): the restage ends."""
+    src, dest = make_source(tmp_path / "src", FILES), tmp_path / "dest"
+    assert subprocess.run(stage_command(src, dest), capture_output=True, env=cli_env()).returncode == 0
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITE, str(dest / name)], env=cli_env())
+    assert killed.returncode == 9 and len(list(dest.glob(f"*{name}.*.tmp"))) == 1
+    (src / "new.bin").write_bytes(b"new")  # a real restage: it writes every bookkeeping file again
+    restage = subprocess.run(stage_command(src, dest), capture_output=True, text=True, env=cli_env())
+    assert restage.returncode == 0, restage.stderr
+    assert dataset_files(dest) == dataset_files(src)
+
+
 
 def stranger_named(stderr: str, dest: Path, src: Path) -> str | None:
     """The file a one-line "not ours" refusal (`refuse_strangers`) names, or None for any other output."""
