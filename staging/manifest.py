@@ -51,10 +51,6 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    @property
-    def has_checksums(self) -> bool:
-        return all(f.checksum for f in self.files)
-
     def to_json(self) -> dict[str, Any]:
         return {
             "algorithm": self.algorithm,

@@ -150,9 +150,3 @@ def plan_exchange(
         heapq.heappush(heap, (loads[sender], sender))
         streams[sender].append(StreamItem(entry, from_dest=bool(holders)))
     return Exchange(tuple(tuple(sorted(s, key=lambda i: i.entry.path)) for s in streams))
-
-
-def plan_node_copies(manifest: Manifest, local_rank: int, local_size: int) -> list[CopyOp]:
-    """One node, `local_size` ranks: the copies of `local_rank` (balanced by bytes)."""
-    topo = Topology(node=0, num_nodes=1, local_rank=local_rank, local_size=local_size)
-    return plan_copies(rank_files(manifest, "copy", topo), frozenset())

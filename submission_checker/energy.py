@@ -1,8 +1,8 @@
 """Energy to train from `power/result_<i>/node_*.txt` and `sw_*.txt`, as the official summarizer scores it.
 
 The arithmetic is mlperf_logging.result_summarizer's (`_compute_power_node`, `_compute_power_sw`,
-the olympic averages; upstream.py guards their source), redone on files read through safe_read,
-where a bad file is a finding instead of a crash. Node files: the readings between
+the olympic averages; tests/helpers/upstream.py guards their source), redone on files read
+through safe_read, where a bad file is a finding instead of a crash. Node files: the readings between
 power_measurement_start and power_measurement_stop, each times the time since the one before,
 scaled to the run's time to train. Switch files: interconnect_power_est × time to train. Joules.
 """

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlhpc.common.vocabulary import LATEST_RULESET as LATEST
-from mlhpc.common.vocabulary import STAGING_BEFORE_RUN_START_SINCE
+from mlhpc.common.vocabulary import STAGING_BEFORE_RUN_START_SINCE, ruleset_key
 
 from .logparse import LogSniff
 
@@ -35,10 +35,6 @@ class RulesetChoice:
     ruleset: str
     reason: str
     """How it was chosen, for the report: "--ruleset" or what in the logs decided it."""
-
-
-def _key(ruleset: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in ruleset.split("."))
 
 
 def log_signals(sniff: LogSniff) -> list[tuple[str, str]]:
@@ -59,12 +55,6 @@ def log_signals(sniff: LogSniff) -> list[tuple[str, str]]:
     return found
 
 
-def ruleset_of_log(sniff: LogSniff) -> tuple[str, str] | None:
-    """(earliest ruleset this log fits, why), or None when the log says nothing."""
-    found = log_signals(sniff)
-    return max(found, key=lambda f: _key(f[0])) if found else None
-
-
 def ruleset_of_folder(folder: str | None, known: Sequence[str]) -> tuple[str, str] | None:
     """(ruleset, why) when the checked folder's name names a known round ("hpc_results_v3.0")."""
     if not folder:
@@ -79,7 +69,7 @@ def ruleset_of_folder(folder: str | None, known: Sequence[str]) -> tuple[str, st
 def _log_signals(votes: Sequence[tuple[str, str]]) -> str:
     """Each kind of signal once, with the round it points at: the newest date, each benchmark, staging."""
     shown: dict[str, str] = {}
-    for ruleset, why in sorted(votes, key=lambda v: (_key(v[0]), v[1]), reverse=True):
+    for ruleset, why in sorted(votes, key=lambda v: (ruleset_key(v[0]), v[1]), reverse=True):
         kind = "date" if why.startswith("a run started") else why
         shown.setdefault(kind, f"{why} -> {ruleset}")
     return "; ".join(shown.values())
@@ -96,11 +86,11 @@ def detect_ruleset(
         if named is not None:
             return RulesetChoice(named[0], f"{named[1]} decided; no log tells its round")
         return RulesetChoice(default, f"no log tells its round; using {default}")
-    earliest, why = max(usable, key=lambda v: (_key(v[0]), v[1]))  # among dates: the newest
+    earliest, why = max(usable, key=lambda v: (ruleset_key(v[0]), v[1]))  # among dates: the newest
     signals = _log_signals(usable)
     if named is None:
         return RulesetChoice(earliest, f"detected from the logs ({why}; all signals: {signals})")
-    if _key(named[0]) >= _key(earliest):
+    if ruleset_key(named[0]) >= ruleset_key(earliest):
         return RulesetChoice(named[0], f"{named[1]} decided; the logs allow {earliest} or later ({signals})")
     return RulesetChoice(
         earliest, f"the logs decided ({why}); {named[1]} says {named[0]}, older than they allow"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mlhpc.common.contract.config import check_at_least, check_num_workers, check_positive
+from mlhpc.common.contract.config import check_at_least, check_positive
 from mlhpc.common.training.loop_config import LoopConfig
 
 
@@ -33,7 +33,6 @@ class DataConfig:
             raise ValueError(f"data.sample_size={self.sample_size} must be at least 2")
         for name in ("num_channels", "num_train_samples", "num_eval_samples"):
             check_at_least(f"data.{name}", getattr(self, name), 1)
-        check_num_workers(self.num_workers)
 
 
 @dataclass(kw_only=True, frozen=True)

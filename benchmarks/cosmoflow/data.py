@@ -23,9 +23,9 @@ from mlhpc.common.errors import DataError
 from mlhpc.common.printable import shown
 from mlhpc.common.safeio.datasets import existing_data_dir, list_samples, open_sample
 from mlhpc.common.safeio.npyfile import check_npy
+from mlhpc.common.training.batches import to_device
 from mlhpc.common.training.dali import choose_loader
 from mlhpc.common.training.loaders import torch_data_bundle
-from mlhpc.common.training.loop import to_device
 
 SPLITS = ("train", "validation")
 DATA_LIST = "files_data.lst"

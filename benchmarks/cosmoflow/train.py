@@ -34,12 +34,6 @@ def lr_multiplier(cfg: CosmoFlowConfig, epoch_progress: float) -> float:
     return opt.decay_multiplier(epoch_index)
 
 
-def learning_rate_per_epoch(cfg: CosmoFlowConfig) -> list[float]:
-    """The LR at the first step of every epoch up to max_epochs; index 0 is epoch_num 1."""
-    peak = scaled_learning_rate(cfg)
-    return [peak * lr_multiplier(cfg, float(i)) for i in range(cfg.loop.max_epochs)]
-
-
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay (the coefficient on the gradient) on the hidden dense layers' kernels only (the
     TF reference's L2 regulariser on them, NVIDIA's explicit groups); convolutions, biases and the

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mlhpc.common.contract.config import check_at_least, check_num_workers
+from mlhpc.common.contract.config import check_at_least
 from mlhpc.common.training.loop_config import LoopConfig
 
 # Pixel frequencies of background, tropical cyclone and atmospheric river in the real training
@@ -38,7 +38,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         for name in ("height", "width", "num_channels", "num_train_samples", "num_eval_samples"):
             check_at_least(f"data.{name}", getattr(self, name), 1)
-        check_num_workers(self.num_workers)
 
 
 @dataclass(kw_only=True, frozen=True)

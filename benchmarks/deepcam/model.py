@@ -246,7 +246,3 @@ def build_model(cfg: DeepCamConfig) -> DeepLabV3Plus:
         middle_blocks=cfg.model.middle_blocks,
         loss_weights=tuple(f**cfg.loss.weight_power for f in cfg.loss.class_frequencies),
     )
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

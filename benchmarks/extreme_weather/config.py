@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlhpc.common.contract.config import check_at_least, check_num_workers, check_positive
+from mlhpc.common.contract.config import check_at_least, check_positive
 from mlhpc.common.training.loop_config import LoopConfig
 
 # HPC AI500 V2.0 gives n = 5 for its image classification benchmark and publishes none for
@@ -43,7 +43,6 @@ class DataConfig:
             raise ValueError("data.num_channels, data.max_boxes and data.samples_per_file must be positive")
         for name in ("num_train_samples", "num_eval_samples"):
             check_at_least(f"data.{name}", getattr(self, name), 1)
-        check_num_workers(self.num_workers)
 
 
 @dataclass(kw_only=True, frozen=True)

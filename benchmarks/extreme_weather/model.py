@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
@@ -69,7 +68,3 @@ def build_model(cfg: ExtremeWeatherConfig) -> FasterRCNN:
         box_detections_per_img=m.box_detections_per_img,
         box_score_thresh=m.box_score_thresh,
     )
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

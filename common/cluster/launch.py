@@ -36,10 +36,6 @@ class LaunchInfo:
     def num_nodes(self) -> int:
         return max(1, self.world_size // max(1, self.local_world_size))
 
-    @property
-    def node_rank(self) -> int:
-        return self.rank // max(1, self.local_world_size)
-
 
 @dataclass(frozen=True)
 class NodeLayout:

@@ -151,7 +151,10 @@ def from_dict(
             continue
         kwargs[name] = _coerce(hints[name], data[name], dotted, source, overridden)
     try:
-        return config_cls(**kwargs)
+        built = config_cls(**kwargs)
+        if "num_workers" in kwargs:  # every benchmark's loader workers, bounded here once
+            _check_num_workers(kwargs["num_workers"], prefix + "num_workers")
+        return built
     except (ValueError, TypeError) as e:
         blamed = next(
             (item for key, item in overridden.items() if key.startswith(prefix) and key in str(e)), None
@@ -181,9 +184,10 @@ def check_positive(name: str, value: float, fix: str = "") -> None:
         raise ValueError(f"{name}={value} must be positive; {fix or f'set {name} above 0'}")
 
 
-def check_num_workers(value: int, name: str = "data.num_workers") -> None:
-    """For `__post_init__`: the one bound on a benchmark's loader workers, 0 (load in the main
-    process) to 4 per CPU of this machine (at least 64): 100,000 forked to the pid limit."""
+def _check_num_workers(value: int, name: str) -> None:
+    """The one bound on a benchmark's loader workers (any config key `num_workers`, checked by
+    `from_dict` after the section's own checks): 0 (load in the main process) to 4 per CPU of this
+    machine (at least 64): 100,000 forked to the pid limit."""
     from mlhpc.common.cluster.threads import count_bound
 
     most = count_bound()

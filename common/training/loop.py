@@ -25,9 +25,6 @@ from mlhpc.common.cluster.termination import worker_death_is_one_error
 from mlhpc.common.contract.registry import Benchmark
 from mlhpc.common.training import run_events
 from mlhpc.common.training.batches import MEMORY_FORMATS
-from mlhpc.common.training.batches import (
-    to_device as to_device,  # the benchmarks' loaders import it from here
-)
 from mlhpc.common.training.epoch import Aborted, Training, global_flops
 from mlhpc.common.training.loop_config import LoopConfig
 from mlhpc.common.training.mllogger import MLLog, constants
@@ -43,7 +40,6 @@ __all__ = [
     "SubmissionInfo",
     "init_events",
     "resolve_memory_format",
-    "to_device",
     "train_to_target",
 ]
 

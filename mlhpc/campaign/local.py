@@ -19,7 +19,6 @@ import yaml
 from mlhpc import __version__
 from mlhpc.campaign.io import ResolvedConfig, campaign_request, plan_out, record_plan, resolve_config
 from mlhpc.campaign.options import RunOptions, check_planned
-from mlhpc.campaign.options import check_options as check_options  # where older callers import it
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
 from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.contract import registry

@@ -385,13 +385,6 @@ def resume_command(args: argparse.Namespace, program: str) -> str | None:
     return shlex.join([*shlex.split(program), *words])
 
 
-def _run_options(args: argparse.Namespace) -> RunOptions:
-    """The options `args` hold (options.from_args; kept for the tests that build them so)."""
-    from mlhpc.campaign.options import from_args
-
-    return from_args(args)
-
-
 def _launch_instances(opts: RunOptions) -> int:
     """Start one local rank per instance under torchrun with these options (`to_argv`, the check
     left out), then check the submission here (a failing check in a rank would read as a crashed

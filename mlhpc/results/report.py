@@ -356,10 +356,6 @@ def _settings(breakdown: Breakdown) -> str:
     )
 
 
-def _seconds_share(breakdown: Breakdown, phase: str) -> str:
-    return f"{breakdown.seconds[phase]:.2f} s {breakdown.shares()[phase]:4.0%}"
-
-
 def _natural(path: Path) -> tuple[str, int]:
     index = path.stem.rsplit("_", 1)[-1]
     return (path.parent.as_posix(), int(index) if index.isdigit() else -1)

@@ -24,6 +24,7 @@ from mlhpc.common.errors import SubmissionError
 from mlhpc.common.printable import shown
 from mlhpc.common.safeio.safe_read import find_files, refusal
 from mlhpc.common.safeio.writable import PNG_KIND, refuse_output_over_inputs
+from mlhpc.submission_checker import scoring
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -75,11 +76,11 @@ class Spread:
 
 
 def olympic_mean(values: Sequence[float]) -> float:
-    """Drop the fastest and the slowest run, average the rest (needs at least 3 runs)."""
-    if len(values) < 3:
+    """The checker's olympic mean (fastest and slowest run dropped), refusing fewer than 3 runs."""
+    mean = scoring.olympic_mean(values) if len(values) >= 3 else None
+    if mean is None:
         raise ValueError(f"an olympic mean needs at least 3 runs, got {len(values)}")
-    ordered = sorted(values)
-    return statistics.fmean(ordered[1:-1])
+    return mean
 
 
 DRAWS = 40_000

@@ -21,6 +21,7 @@ import yaml
 from mlhpc.common.cluster.distributed import init_distributed
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
+from tests.helpers.cosmoflow_lr import learning_rate_per_epoch
 from tests.helpers.rcp_references import REFERENCE_GRADIENT_WEIGHT_DECAY, REFERENCE_LR
 
 RCP_DIR = Path(mlperf_logging.__file__).parent / "rcp_checker" / "hpc_3.0.0"
@@ -178,7 +179,7 @@ def test_cosmoflow_rcp_trains_the_reference_schedule(batch: int) -> None:
     bench = registry.get("cosmoflow")
     cfg = load_config(bench.config_class, bench.config_path(f"rcp_{batch}"))
     expected = REFERENCE_LR[batch]
-    assert train.learning_rate_per_epoch(cfg) == pytest.approx(expected, rel=1e-12)
+    assert learning_rate_per_epoch(cfg) == pytest.approx(expected, rel=1e-12)
     small = load_config(
         bench.config_class,
         bench.config_path(f"rcp_{batch}"),
@@ -258,11 +259,10 @@ def test_where_the_json_holds_one_decay_factor_the_configs_train_the_runs_factor
 
 def test_the_lr_nvidia_logged_at_batch_32_is_the_rcp_32_schedule() -> None:
     """The run behind cosmoflow_ref_32 logged its LR at every epoch's start, to its stop at epoch 11."""
-    from mlhpc.benchmarks.cosmoflow import train
 
     logged = logged_lr(SOURCES / "nvidia_v2.0_pytorch_bs32_result_002.txt")
     assert sorted(logged) == list(range(1, 12))
-    ours = train.learning_rate_per_epoch(rcp_config(32))
+    ours = learning_rate_per_epoch(rcp_config(32))
     for epoch_num, lr in logged.items():
         assert ours[epoch_num - 1] == pytest.approx(lr, rel=1e-12) == REFERENCE_LR[32][epoch_num - 1]
 
@@ -272,12 +272,11 @@ def test_nvidias_pytorch_code_decays_one_epoch_before_fujitsus_at_batch_512() ->
     code and logged every epoch's LR: each decay from epoch_num b+1 (20, 22 for boundaries 19, 21).
     rcp_512 with decay_first_epoch_num=b+1 reproduces every logged LR; as configured (b+2, Fujitsu's
     code, the source of the RCP) it differs at exactly those epochs."""
-    from mlhpc.benchmarks.cosmoflow import train
 
     logs = sorted(HELMHOLTZ_512.glob("result_*.txt"))
     assert len(logs) == 10
-    b1 = train.learning_rate_per_epoch(rcp_config(512, ["optimizer.decay_first_epoch_num=b+1"]))
-    b2 = train.learning_rate_per_epoch(rcp_config(512))
+    b1 = learning_rate_per_epoch(rcp_config(512, ["optimizer.decay_first_epoch_num=b+1"]))
+    b2 = learning_rate_per_epoch(rcp_config(512))
     for path in logs:
         logged = logged_lr(path)
         assert min(logged) == 1 and max(logged) >= 21, path

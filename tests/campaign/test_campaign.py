@@ -24,6 +24,11 @@ from tests.helpers.mllog_files import mllog_events
 pytestmark = pytest.mark.slow
 
 STRONG = "mlhpc/results/ci/strong/cosmoflow"
+# Where the campaign's plumbing is tested and no log is checked, not the training: one epoch on a
+# few samples, the loose target met at the first evaluation (--no-check).
+TINY = ("data.num_train_samples=64", "data.num_eval_samples=16", "loop.target=10")
+# The breakdown needs whole epochs of the mini's 1,024 samples, not the real target: one epoch.
+ONE_EPOCH = ("loop.target=10",)
 
 
 def mlhpc(args: list[str], root: Path, **popen: object) -> subprocess.Popen[str]:
@@ -92,14 +97,14 @@ def test_killed_campaign_resumes_keeping_finished_runs(tmp_path: Path) -> None:
 
 def test_resume_refuses_a_different_config_or_first_seed(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = mlhpc(campaign_args(out, "--first-seed", "7", seeds=1), tmp_path)
+    done = mlhpc(campaign_args(out, "--first-seed", "7", *TINY, seeds=1), tmp_path)
     _, stderr = done.communicate(timeout=900)
     assert done.returncode == 0, stderr
     for extra, expected in (
         (["--first-seed", "9"], "first seed is 7"),
         (["loop.max_epochs=13"], "config"),
     ):
-        proc = mlhpc(campaign_args(out, "--resume", *extra, seeds=1), tmp_path)
+        proc = mlhpc(campaign_args(out, "--resume", *TINY, *extra, seeds=1), tmp_path)
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 2 and expected in stderr, stderr
         assert stderr.count("\n") == 1, stderr  # one line, no traceback
@@ -150,7 +155,7 @@ def test_weak_scaling_instances_train_at_once_and_score(tmp_path: Path) -> None:
 
 def test_breakdown_sums_to_the_run_time_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = mlhpc(campaign_args(out, "--first-seed", "3", seeds=1), tmp_path)
+    proc = mlhpc(campaign_args(out, "--first-seed", "3", *ONE_EPOCH, seeds=1), tmp_path)
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     path = out / "breakdown/mlhpc/ci/strong/cosmoflow/result_0.json"

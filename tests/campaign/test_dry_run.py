@@ -258,15 +258,15 @@ def test_dry_run_json_of_a_mini_has_an_lr_for_every_epoch(tmp_path: Path, benchm
 
 @pytest.mark.parametrize("batch", [32, 64, 128, 512, 1024])
 def test_what_trains_matches_the_cosmoflow_schedule_of_every_rcp(batch: int) -> None:
-    from mlhpc.benchmarks.cosmoflow import train
     from mlhpc.campaign.dry_run import what_trains
     from mlhpc.campaign.io import resolve_config
+    from tests.helpers.cosmoflow_lr import learning_rate_per_epoch
     from tests.helpers.rcp_references import REFERENCE_GRADIENT_WEIGHT_DECAY, REFERENCE_LR
 
     resolved = resolve_config("cosmoflow", f"rcp_{batch}", [])
     view = what_trains(resolved.benchmark, resolved.cfg, cpu_context())
     assert_decay_on_dense_kernels_only(view, REFERENCE_GRADIENT_WEIGHT_DECAY[batch])
-    assert view["lr_per_epoch"] == pytest.approx(train.learning_rate_per_epoch(resolved.cfg), rel=1e-12)
+    assert view["lr_per_epoch"] == pytest.approx(learning_rate_per_epoch(resolved.cfg), rel=1e-12)
     assert view["lr_per_epoch"] == pytest.approx(REFERENCE_LR[batch], rel=1e-12)
 
 

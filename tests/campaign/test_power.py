@@ -193,7 +193,7 @@ def test_mlhpc_run_power_then_check_reports_the_energy(tmp_path: Path) -> None:
 
 
 def test_power_refused_for_instances_sharing_nodes() -> None:
-    from mlhpc.campaign.local import RunOptions, check_options
+    from mlhpc.campaign.options import RunOptions, check_options
 
     with pytest.raises(ConfigError, match="--power with --instances"):
         check_options(RunOptions(benchmark="cosmoflow", out=Path("x"), instances=2, power=True))

@@ -20,7 +20,6 @@ from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignPlan
 from mlhpc.campaign.slurm import absolute, slurm_request, submit
 from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmJob, SlurmResources, build_graph, seed_argv
 from mlhpc.cli import build_parser
-from mlhpc.commands.run import _run_options
 from mlhpc.common.errors import ConfigError, SubmissionError
 from tests.helpers.cli import cli_env
 
@@ -276,7 +275,7 @@ def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
     args = build_parser("run").parse_args(
         ["run", "cosmoflow", "loop.max_epochs=20", "--out", str(tmp_path), "--submitter", "org", *common]
     )
-    opts = _run_options(args)
+    opts = from_args(args)
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     local = plan_out(campaign_request(opts, resolved, "strong", default_system="this_machine_n1"))
     slurm = plan_out(slurm_request(from_args(slurm_args(tmp_path, "--submitter", "org", *common))))

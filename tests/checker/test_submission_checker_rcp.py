@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from mlhpc.common.vocabulary import ruleset_key
 from mlhpc.submission_checker import CheckReport, RcpRead, check_rcp, check_submission, detect_ruleset
 from mlhpc.submission_checker.logparse import LogSniff, parse_log
-from mlhpc.submission_checker.ruleset import ruleset_of_log
+from mlhpc.submission_checker.ruleset import log_signals
 
 DATA = Path(__file__).parents[1] / "data"
 V1 = DATA / "hpc_v1.0_ncsa" / "NCSA"
@@ -288,6 +289,12 @@ def test_interpolated_reference_between_batch_sizes() -> None:
 
 def ms(day: str) -> float:
     return datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.timezone.utc).timestamp() * 1000
+
+
+def ruleset_of_log(sniff: LogSniff) -> tuple[str, str] | None:
+    """(earliest ruleset this log fits, why): the newest round among its signals; None if it has none."""
+    found = log_signals(sniff)
+    return max(found, key=lambda f: ruleset_key(f[0])) if found else None
 
 
 @pytest.mark.parametrize(

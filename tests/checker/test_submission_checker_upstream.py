@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mlhpc.submission_checker import upstream
+from tests.helpers import upstream
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -17,7 +17,7 @@ def test_installed_mlperf_logging_is_the_tested_one() -> None:
         "mlperf_logging differs from the release the checker is tested with:\n  "
         + "\n  ".join(problems)
         + "\nRun the checker's tests and perf/check_speed.py on the published rounds with it, then "
-        "update TESTED_VERSIONS and the hashes in submission_checker/upstream.py and the pin in "
+        "update TESTED_VERSIONS and the hashes in tests/helpers/upstream.py and the pin in "
         "pyproject.toml (docs/CHECKING.md: A new mlperf-logging release)."
     )
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlhpc.common.cluster.launch import detect_launch, first_slurm_host, slurm_tasks_on_first_node
+from mlhpc.common.cluster.launch import LaunchInfo, detect_launch, first_slurm_host, slurm_tasks_on_first_node
 from mlhpc.staging import resolve_local_dir
+
+
+def node_rank(info: LaunchInfo) -> int:
+    """The node index when ranks fill nodes in order (what torchrun and block srun do)."""
+    return info.rank // max(1, info.local_world_size)
 
 
 def test_single_process() -> None:
@@ -26,7 +31,7 @@ def test_torchrun() -> None:
     info = detect_launch(env)
     assert info.launcher == "torchrun"
     assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (5, 8, 1, 4)
-    assert (info.num_nodes, info.node_rank, info.master_addr, info.master_port) == (2, 1, "node7", 1234)
+    assert (info.num_nodes, node_rank(info), info.master_addr, info.master_port) == (2, 1, "node7", 1234)
 
 
 def test_open_mpi() -> None:
@@ -60,7 +65,7 @@ def test_srun_step() -> None:
     }
     info = detect_launch(env)
     assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("slurm", 3, 4, 1)
-    assert (info.local_world_size, info.num_nodes, info.node_rank) == (2, 2, 1)
+    assert (info.local_world_size, info.num_nodes, node_rank(info)) == (2, 2, 1)
     assert info.master_addr == "gpu07"
     assert info.master_port == 29500 + 345
 

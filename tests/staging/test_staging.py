@@ -44,7 +44,7 @@ from mlhpc.staging.journal import JOURNAL_BATCH, Journal, close_journal, read_jo
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
 from mlhpc.staging.origin import RACY_NS
 from mlhpc.staging.parallel import MAX_READ_AHEAD, read_ahead_depth, run_copies
-from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_exchange, plan_node_copies, rank_files
+from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_copies, plan_exchange, rank_files
 from mlhpc.staging.sink import (
     ALIGN,
     BUFFER_BYTES,
@@ -278,6 +278,12 @@ def test_sha256_on_request(tmp_path: Path) -> None:
 
 def manifest_of(sizes: list[int]) -> Manifest:
     return Manifest("xxh3_128", tuple(FileEntry(f"f{i}", size, "x") for i, size in enumerate(sizes)))
+
+
+def plan_node_copies(manifest: Manifest, local_rank: int, local_size: int) -> list[CopyOp]:
+    """One node, `local_size` ranks: the copies of `local_rank` (balanced by bytes)."""
+    topo = Topology(node=0, num_nodes=1, local_rank=local_rank, local_size=local_size)
+    return plan_copies(rank_files(manifest, "copy", topo), frozenset())
 
 
 def test_planner_splits_every_file_once_and_balances_bytes() -> None:

@@ -10,17 +10,17 @@ from types import SimpleNamespace
 import pytest
 
 from mlhpc.campaign import local as runner
+from mlhpc.campaign.options import from_args
 from mlhpc.cli import build_parser
-from mlhpc.commands.run import _run_options
 from mlhpc.staging import CallbackComm
 from mlhpc.staging.manifest import MANIFEST_NAME, build_manifest
 
 
 def test_run_takes_io_and_durable_into_its_options() -> None:
     args = build_parser("run").parse_args(["run", "cosmoflow", "--out", "o", "--io", "direct", "--durable"])
-    opts = _run_options(args)
+    opts = from_args(args)
     assert (opts.staging_io, opts.durable) == ("direct", True)
-    plain = _run_options(build_parser("run").parse_args(["run", "cosmoflow", "--out", "o"]))
+    plain = from_args(build_parser("run").parse_args(["run", "cosmoflow", "--out", "o"]))
     assert (plain.staging_io, plain.durable) == ("auto", False)
     with pytest.raises(SystemExit):
         build_parser("run").parse_args(["run", "cosmoflow", "--out", "o", "--io", "fast"])

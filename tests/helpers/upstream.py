@@ -1,4 +1,5 @@
-"""The mlperf_logging release this checker is tested with, and the internals it depends on.
+"""The mlperf_logging release the checker is tested with, and the internals it depends on (a test
+guard: the product never reads it, so it lives with the tests).
 
 The checker runs the official compliance engine, its rule YAMLs and RCP data, replaces one helper
 of the engine's parser (guarded by a source hash in `compliance`), and scores energy with a copy of
@@ -14,13 +15,11 @@ import importlib.metadata
 import inspect
 
 from mlhpc.common.vocabulary import RULESETS
-
-from .compliance import KNOWN_STRIP_AND_DEDUP, USAGE, known_rulesets
+from mlhpc.submission_checker.compliance import KNOWN_STRIP_AND_DEDUP, USAGE, known_rulesets
 
 DISTRIBUTION = "mlperf-logging"
 TESTED_VERSIONS = ("4.1.68",)
 """Releases the tests passed with (pyproject.toml pins mlperf-logging to this range)."""
-HPC_RULESETS = RULESETS
 # sha256 of the source of the result summarizer's functions `energy.py` reproduces (4.1.68).
 SUMMARIZER_SOURCES = {
     "_compute_total_power": "cebf845a7066081c8a4b0fdf860e86f3e8b95658743f1b33f5fa52e00e64bf26",
@@ -52,10 +51,10 @@ def upstream_problems() -> list[str]:
         problems.append(
             f"{DISTRIBUTION} {version} is installed; the checker is tested with {', '.join(TESTED_VERSIONS)}"
         )
-    missing = [r for r in HPC_RULESETS if r not in known_rulesets()]
+    missing = [r for r in RULESETS if r not in known_rulesets()]
     if missing:
         problems.append(f"no {USAGE} rule files for ruleset(s) {', '.join(missing)}")
-    for ruleset in HPC_RULESETS:
+    for ruleset in RULESETS:
         module = f"mlperf_logging.compliance_checker.mlp_parser.ruleset_{ruleset.replace('.', '')}"
         try:
             found = _digest(importlib.import_module(module).strip_and_dedup)
