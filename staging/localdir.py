@@ -114,9 +114,10 @@ def _remove_marker_last(folder: Path) -> bool:
     try:
         if _entries_but_marker(folder):
             return False  # something could not go: the marker stays, to prove the rest is ours
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(folder / STAGE_OWNER)
-        os.rmdir(folder)
+        with signals_held():  # an empty folder left without its marker only by a SIGKILL (rmdir'd by the sweep)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(folder / STAGE_OWNER)
+            os.rmdir(folder)
     except FileNotFoundError:
         return True
     except OSError:

@@ -60,12 +60,16 @@ def is_worker_death(error: BaseException) -> bool:
     mid-handover, before torch noticed)."""
     if isinstance(error, RuntimeError):
         return str(error).startswith("DataLoader worker (pid")
-    return isinstance(error, ConnectionError) and _through_sharer(error.__traceback__)
+    return _handover_cut(type(error), error.__traceback__)
 
 
-def _through_sharer(tb: TracebackType | None) -> bool:
-    """Whether the traceback passes through multiprocessing's file-descriptor handover."""
-    return any(frame.filename.endswith(_SHARER) for frame in traceback.extract_tb(tb)) if tb else False
+def _handover_cut(kind: type[BaseException], tb: TracebackType | None) -> bool:
+    """Whether a peer went mid-handover of a file descriptor: a connection reset or refused, or
+    an end of file inside the connection's handshake (CI met that one: a worker killed between
+    its connect and its answer), raised through multiprocessing's file-descriptor server."""
+    if not issubclass(kind, (ConnectionError, EOFError)) or tb is None:
+        return False
+    return any(frame.filename.endswith(_SHARER) for frame in traceback.extract_tb(tb))
 
 
 @contextlib.contextmanager
@@ -73,7 +77,7 @@ def worker_death_is_one_error() -> Iterator[None]:
     """A worker's death (`is_worker_death`), raised in the block, becomes WorkerKilled (its detail kept)."""
     try:
         yield
-    except (RuntimeError, ConnectionError) as e:
+    except (RuntimeError, ConnectionError, EOFError) as e:
         if not is_worker_death(e):
             raise
         raise WorkerKilled(worker_death_line(e)) from e
@@ -126,7 +130,7 @@ def _peer_deaths_logged(hook: Callable[..., object]) -> Callable[..., object]:
     That traceback goes to the debug log instead of under the line."""
 
     def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> object:
-        if issubclass(kind, ConnectionError) and _through_sharer(tb):
+        if _handover_cut(kind, tb):
             log.debug(
                 "a loader worker's descriptor handover ended with its death", exc_info=(kind, error, tb)
             )
