@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from mlhpc.campaign.io import campaign_request, plan_out, resolve_config
+from mlhpc.campaign.io import campaign_request, plan_out
 from mlhpc.campaign.local import plan_line
-from mlhpc.campaign.options import RunOptions, check_planned
-from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignPlan, dataset_dir
+from mlhpc.campaign.options import check_planned
+from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignPlan
+from mlhpc.campaign.prepare import Prepared
 from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.cluster.launch import detect_launch
 from mlhpc.common.contract.config import to_dict
@@ -28,17 +29,17 @@ from mlhpc.common.safeio.fileio import atomic_write_text
 from mlhpc.common.safeio.writable import json_kind, refuse_output_over_inputs
 from mlhpc.common.training.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.training.mllogger import MLLog, constants
+from mlhpc.generation import SizeCheck
 from mlhpc.system_desc import stable_system_name
 
 
-def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
+def dry_run(prepared: Prepared, json_out: Path | None = None) -> int:
     """Resolve and validate everything a run would before training, through the same planner (a
     taken --index, a changed config or a different first seed is refused here as in the run);
     print its MLLOG events up to init_stop (the first run's) and the plan. 0 when the run would
     start; one line naming the fix (ConfigError, DataError, SubmissionError) when it would not.
-    Then what will train (`what_trains`), and with `json_out` the same as JSON there.
-    `opts` passed check_options where they were built (commands/run.py)."""
-    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
+    Then what will train (`what_trains`), and with `json_out` the same as JSON there."""
+    opts, resolved = prepared.opts, prepared.resolved
     bench, cfg = resolved.benchmark, resolved.cfg
     ctx = _context(opts.device, opts.instances)
     model_ctx = _model_context(ctx, opts.instances)
@@ -51,7 +52,7 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
     check_planned(opts, plan.settings.ruleset)  # the ruleset may be the campaign file's
     json_where = None
     if json_out is not None:  # refused before anything is read or printed
-        data = opts.data or dataset_dir(opts.out, bench.name, opts.config)
+        data = opts.data or prepared.generated_dir
         inputs = [data, opts.out / CAMPAIGN_FILE, opts.out / plan.settings.submitter]
         json_where = refuse_output_over_inputs(json_out, inputs, "--json", kind=DRY_RUN_KIND)
     if opts.data is not None:
@@ -71,7 +72,7 @@ def dry_run(opts: RunOptions, json_out: Path | None = None) -> int:
         log.event(key, value)
     log.end(constants.INIT_STOP)
     if ctx.is_main:
-        _print_what_runs(opts, bench, cfg, plan, model_ctx, ctx.device, json_where)
+        _print_what_runs(prepared, plan, model_ctx, ctx.device, json_where)
     return 0
 
 
@@ -87,17 +88,12 @@ def _model_context(ctx: DistContext, instances: int) -> DistContext:
 
 
 def _print_what_runs(
-    opts: RunOptions,
-    bench: Any,
-    cfg: Any,
-    plan: CampaignPlan,
-    model_ctx: DistContext,
-    device: torch.device,
-    json_where: Path | None,
+    prepared: Prepared, plan: CampaignPlan, model_ctx: DistContext, device: torch.device, json_where: Path | None
 ) -> None:
     """What will train, then the plan, then the summary line (a site's script reads the last)."""
+    opts, bench, cfg = prepared.opts, prepared.resolved.benchmark, prepared.resolved.cfg
     loop = cfg.loop
-    data_text = opts.data or _generated(opts, bench.name, cfg, plan.data)
+    data_text = opts.data or _generated(prepared.size, plan.data)
     if opts.data is not None:
         print(data_match_line(bench.name, cfg, opts.data))
     view = what_trains(bench, cfg, model_ctx) | {"config_name": opts.config}
@@ -111,7 +107,7 @@ def _print_what_runs(
     ranks = model_ctx.world_size
     runs = f"{opts.instances} instances at once" if opts.instances > 1 else f"{len(plan.to_run)} run(s)"
     written = " but the --json file" if json_where else ""
-    print(plan_line(plan, opts, plan.data))
+    print(plan_line(plan, prepared, plan.data))
     print(
         f"dry run: {bench.name} --config {opts.config}, {runs} on {ranks} rank(s) each "
         f"(batch {loop.local_batch_size(ranks)} per rank x {loop.gradient_accumulation_steps} "
@@ -180,15 +176,16 @@ def estimate_line(minutes: dict[str, float], cfg: Any, ranks: int) -> str:
     )
 
 
-def _generated(opts: RunOptions, benchmark: str, cfg: object, data_dir: Path) -> str:
+def _generated(size: SizeCheck | None, data_dir: Path) -> str:
     """How big the synthetic dataset of a run without --data is and where it goes. A dataset that
     would not fit, or is over the size asked for, is said, not refused: the dry run touches no
     data, and a login node views a full config that its real run reads from --data."""
     from mlhpc.common.errors import DataError
-    from mlhpc.generation import planned_data_text, run_size_check
+    from mlhpc.generation import planned_data_text
 
+    assert size is not None, "prepare() makes the size check of every run without --data"
     try:
-        return planned_data_text(data_dir, run_size_check(benchmark, cfg, opts.config, opts.allow_size))
+        return planned_data_text(data_dir, size)
     except DataError as e:
         return f"none given; a run without --data here would refuse: {e}"
 

@@ -236,7 +236,7 @@ def campaign_request(
         benchmark=resolved.info.name,
         config=opts.config,
         config_id=resolved.config_id,
-        out=Path(opts.out),
+        out=opts.out,
         scaling=scaling,
         num_runs=opts.instances if scaling == "weak" else opts.num_seeds,
         first_seed=opts.first_seed,
@@ -280,7 +280,7 @@ def plan_out(
     """`plan_campaign` on what --out holds now, after the checks every route makes before a plan
     is recorded (the caller holds --out's lock when it records it: `record_plan`)."""
     check_data_path(request.data, request.out)
-    recorded = read_campaign_file(Path(request.out) / CAMPAIGN_FILE)
+    recorded = read_campaign_file(request.out / CAMPAIGN_FILE)
     scan = scan_out(request.out, request.benchmark, request.scaling)
     return plan_campaign(request, recorded, scan, random_first_seed)
 

@@ -17,9 +17,11 @@ from typing import Any, TypeVar
 import yaml
 
 from mlhpc import __version__
-from mlhpc.campaign.io import ResolvedConfig, campaign_request, plan_out, record_plan, resolve_config
+from mlhpc.campaign.io import ResolvedConfig, campaign_request, plan_out, record_plan
 from mlhpc.campaign.options import RunOptions, check_planned
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
+from mlhpc.campaign.prepare import Prepared
+from mlhpc.campaign.status import short_campaign_line
 from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import to_dict
@@ -30,9 +32,9 @@ from mlhpc.common.safeio.locks import FolderBusy, folder_lock
 from mlhpc.common.training.loop import RunResult, StagedData, SubmissionInfo, train_to_target
 from mlhpc.common.training.mllogger import MLLog
 from mlhpc.common.training.progress import SILENT, CampaignClock, Progress, seed_line
-from mlhpc.generation import SizeCheck, generate_dataset, run_size_check
+from mlhpc.generation import SizeCheck, generate_dataset
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
-from mlhpc.staging import Communicator, StageRequest, comm_for, resolve_local_dir, stage_dataset
+from mlhpc.staging import Communicator, StageRequest, comm_for, stage_dataset
 from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_claimed_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import describe_system, merge_system_json, stable_system_name, write_system_json
 
@@ -78,13 +80,13 @@ def record(plan: CampaignPlan, cfg: Any, opts: RunOptions, ctx: DistContext) -> 
     write_submission_files(plan, cfg, opts, ctx)
 
 
-def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
+def run_campaign(prepared: Prepared, ctx: DistContext) -> CampaignResult:
     """Strong scaling: the seeds one after another on all ranks (or one index, --index). Weak
     scaling (instances > 1): the ranks split into groups that each train one model at once.
-    `opts` passed check_options where they were built (commands/run.py); the plan checks them
-    again under its ruleset before anything is recorded."""
+    The options were checked by `prepare`; the plan checks them again under its ruleset before
+    anything is recorded."""
+    opts, resolved = prepared.opts, prepared.resolved
     weak = opts.instances > 1
-    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     group = ctx.split(opts.instances) if weak else ctx
     resolved.cfg.loop.local_batch_size(group.world_size)  # fail now, not after generating data
     resolved.check_batch(group.world_size)
@@ -95,14 +97,14 @@ def run_campaign(opts: RunOptions, ctx: DistContext) -> CampaignResult:
     what = f"mlhpc run {resolved.info.name}{' --resume' if opts.resume else ''}"
     with ExitStack() as claims:
         if opts.index is None:  # --out stays locked for the whole campaign
-            claims.enter_context(holding_out(ctx, Path(opts.out), what))
+            claims.enter_context(holding_out(ctx, opts.out, what))
             plan = on_main(ctx, lambda: plan_and_claim(request, claims, opts))
-            data_dir = _prepare(opts, ctx, resolved, plan)
+            data_dir = _data_and_record(prepared, ctx, plan)
         else:  # one index: --out locked only to plan and prepare, so Slurm tasks run side by side
-            with holding_out(ctx, Path(opts.out), f"{what} --index {opts.index}", wait_s=INDEX_WAIT_S):
+            with holding_out(ctx, opts.out, f"{what} --index {opts.index}", wait_s=INDEX_WAIT_S):
                 plan = on_main(ctx, lambda: plan_and_claim(request, claims, opts))
-                data_dir = _prepare(opts, ctx, resolved, plan)
-        return _train(opts, ctx, resolved, group, plan, data_dir)
+                data_dir = _data_and_record(prepared, ctx, plan)
+        return _train(prepared, ctx, group, plan, data_dir)
 
 
 def check_before_lock(request: CampaignRequest, opts: RunOptions, resolved: ResolvedConfig) -> None:
@@ -120,35 +122,29 @@ INDEX_WAIT_S = 600
 """How long `mlhpc run --index` waits for another run into --out to finish planning."""
 
 
-def _prepare(opts: RunOptions, ctx: DistContext, resolved: ResolvedConfig, plan: CampaignPlan) -> Path:
+def _data_and_record(prepared: Prepared, ctx: DistContext, plan: CampaignPlan) -> Path:
     """The dataset (generated if none was given), validated, and the submission's files."""
-    bench, cfg = resolved.benchmark, resolved.cfg
-    local_root = resolve_local_dir(opts.local_dir)
+    bench, cfg = prepared.resolved.benchmark, prepared.resolved.cfg
     if ctx.local_rank == 0:  # each node's own local dir
-        remove_stale_stage_dirs(local_root)
-    size = run_size_check(bench.name, cfg, opts.config, opts.allow_size)
-    data_dir = (
-        plan.data if not plan.generated_data else ensure_synthetic_data(bench, cfg, plan.data, ctx, size)
-    )
+        remove_stale_stage_dirs(prepared.local_root)
+    data_dir = plan.data
+    if prepared.size is not None:  # no --data: the plan's dataset folder (plan.generated_data)
+        data_dir = ensure_synthetic_data(bench, cfg, plan.data, ctx, prepared.size)
 
     def validate_and_record() -> None:
         if plan.generated_data:  # a given --data was checked before the lock (check_before_lock)
             bench.validate_dataset(cfg, data_dir)
-        record(plan, cfg, opts, ctx)
+        record(plan, cfg, prepared.opts, ctx)
 
     on_main(ctx, validate_and_record)
     return data_dir
 
 
 def _train(
-    opts: RunOptions,
-    ctx: DistContext,
-    resolved: ResolvedConfig,
-    group: DistContext,
-    plan: CampaignPlan,
-    data_dir: Path,
+    prepared: Prepared, ctx: DistContext, group: DistContext, plan: CampaignPlan, data_dir: Path
 ) -> CampaignResult:
     """Train the plan's runs (on rank 0 holding their run locks)."""
+    opts, resolved = prepared.opts, prepared.resolved
     power = node_power(opts.power, ctx.local_rank)  # a node without a source: one line, before any work
     s = plan.settings
     campaign = CampaignResult(submitter_dir=plan.submitter_dir, system=plan.system, kept=list(plan.kept))
@@ -157,7 +153,7 @@ def _train(
     )  # type: ignore[arg-type]
     # One staging communicator for the whole campaign: building one creates process groups.
     progress = Progress(enabled=ctx.is_main)
-    progress.say(plan_line(plan, opts, data_dir))
+    progress.say(plan_line(plan, prepared, data_dir))
     if ctx.threads is not None and ctx.device.type == "cpu":
         progress.say(f"torch threads per rank: {ctx.threads.intra_op} ({ctx.threads.source})")
     runner = _SeedRunner(
@@ -169,7 +165,7 @@ def _train(
         submission,
         ctx=group,
         comm=comm_for(group),
-        local_root=resolve_local_dir(opts.local_dir),
+        local_root=prepared.local_root,
         power=power,
         progress=progress,
     )
@@ -185,29 +181,9 @@ def _train(
             plan.submitter_dir,
             ruleset=s.ruleset,
             ruleset_reason=CAMPAIGN_RULESET,
-            short_campaign=lambda found, required: short_campaign_line(opts, plan.scaling, found, required),
+            short_campaign=lambda found, required: short_campaign_line(found, required, plan.scaling, opts),
         )
     return campaign
-
-
-def short_campaign_line(opts: RunOptions, scaling: str, found: int, required: int) -> str:
-    """What a campaign of fewer runs than a score needs is: finished and checked, not yet an
-    entry; and the command that makes it one (the recorded first seed and results are kept)."""
-    import shlex
-
-    weak = scaling == "weak"
-    words = ["mlhpc", "run", opts.benchmark, "--config", opts.config, "--out", str(opts.out)]
-    words += ["--instances" if weak else "--seeds", str(required), *opts.overrides]
-    what = "models" if weak else "runs"
-    if weak:  # weak scaling is timed as one job: more models are a new campaign
-        return (
-            f"{found} of {required} {what}: not yet a scoreable entry; train all {required} at once with "
-            f"`{shlex.join(words)}` into a new --out"
-        )
-    return (
-        f"{found} of {required} {what}: not yet a scoreable entry; run {required - found} more with "
-        f"`{shlex.join([*words, '--resume'])}`"
-    )
 
 
 def _run_each(
@@ -312,8 +288,9 @@ class _SeedRunner:
             atomic_write_json(self.plan.breakdown_path(index), record)
 
 
-def plan_line(plan: CampaignPlan, opts: RunOptions, data_dir: Path) -> str:
+def plan_line(plan: CampaignPlan, prepared: Prepared, data_dir: Path) -> str:
     """What the campaign will do, in one line for the person who started it."""
+    opts = prepared.opts
     runs = [plan.seeds[i] for i in plan.to_run] if plan.scaling == "strong" else plan.seeds
     if opts.index is not None:
         kept = f" (run {opts.index} of the campaign, {len(plan.kept)} others finished)"
@@ -322,8 +299,8 @@ def plan_line(plan: CampaignPlan, opts: RunOptions, data_dir: Path) -> str:
     where = "inside" if opts.staging == "inside" else "before"
     return (
         f"{plan.benchmark} --config {opts.config}: {plan.scaling} scaling, seeds {runs}{kept}; "
-        f"data {data_dir} staged to {resolve_local_dir(opts.local_dir)} ({where} the timed region); "
-        f"results in {plan.submitter_dir / 'results' / plan.system}"
+        f"data {data_dir} staged to {prepared.local_root} ({where} the timed region); "
+        f"results in {plan.results_dir}"
     )
 
 

@@ -193,7 +193,7 @@ def plan_campaign(
       --resume to add to it (an --index run is part of it and needs none);
     - a finished result is never rerun; an unfinished one only with --resume;
     - the finished runs fix the seeds (seeds.py: index i ran first_seed + i)."""
-    where = Path(request.out) / CAMPAIGN_FILE
+    where = request.out / CAMPAIGN_FILE
     flag = "--seeds" if request.scaling == "strong" else "--instances"
     check_numbers(num_runs=request.num_runs, first_seed=request.first_seed, index=request.index, flag=flag)
     settings = _settings(request, recorded, where)
@@ -219,7 +219,7 @@ def plan_campaign(
         else dataset_dir(request.out, request.benchmark, request.config)
     )
     return CampaignPlan(
-        out=Path(request.out),
+        out=request.out,
         benchmark=request.benchmark,
         scaling=request.scaling,
         settings=settings,

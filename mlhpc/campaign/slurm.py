@@ -12,9 +12,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mlhpc.campaign.io import campaign_request, plan_out, record_plan, resolve_config
+from mlhpc.campaign.io import campaign_request, plan_out, record_plan
 from mlhpc.campaign.options import RunOptions, check_options, check_planned
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
+from mlhpc.campaign.prepare import Prepared
 from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmResources, build_graph
 from mlhpc.common.errors import ConfigError, SubmissionError
 from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
@@ -43,23 +44,23 @@ def absolute(opts: RunOptions) -> RunOptions:
     return replace(
         opts,
         config=config,
-        out=Path(opts.out).resolve(),
+        out=opts.out.resolve(),
         data=path(opts.data),
         local_dir=path(opts.local_dir),
         campaign=path(opts.campaign),
     )
 
 
-def slurm_request(opts: RunOptions) -> CampaignRequest:
+def slurm_request(prepared: Prepared) -> CampaignRequest:
     """The campaign `mlhpc run ... --slurm` asks for, its config loaded and validated here on the
-    login node; refuses what a job per seed cannot do. `opts` passed check_options."""
+    login node (`prepare`); refuses what a job per seed cannot do."""
+    opts = prepared.opts
     if opts.instances > 1:
         raise ConfigError("--slurm submits the seeds of a strong-scaling campaign; drop --instances")
     if opts.index is not None:
         raise ConfigError("--slurm submits a job per index itself; drop --index")
-    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     # The login node's hardware is not the compute nodes': the first seed job names the system.
-    return campaign_request(absolute(opts), resolved, "strong", default_system=None)
+    return campaign_request(absolute(opts), prepared.resolved, "strong", default_system=None)
 
 
 def find_run_and_time() -> Path:
@@ -138,12 +139,13 @@ def _sbatch(command: list[str]) -> str:
     return job
 
 
-def run_slurm_campaign(opts: RunOptions, resources: SlurmResources, *, dry_run: bool = False) -> int:
+def run_slurm_campaign(prepared: Prepared, resources: SlurmResources, *, dry_run: bool = False) -> int:
     """`mlhpc run --slurm`: print the job graph (`dry_run`) or submit it and print the job ids.
     The config is validated first; the plan, the campaign file and the submission happen under
     --out's lock, so a second submission into --out waits for none and mixes nothing."""
+    opts = prepared.opts
     check_options(opts, resources)  # the strings that reach job scripts, dry run or not
-    request = slurm_request(opts)
+    request = slurm_request(prepared)
     if dry_run:
         print(slurm_graph(opts, plan_out(request), resources).dry_run_text(), end="")
         return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc.campaign.io import read_campaign_file
+from mlhpc.campaign.options import RunOptions
 from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignFile, Entry, dataset_dir
 from mlhpc.campaign.seeds import seed_of
 from mlhpc.common.errors import SubmissionError
@@ -227,3 +228,19 @@ def next_command(out: Path, record: CampaignFile, entries: list[EntryStatus], pr
             words.append("--resume")
             return f"next: rerun what is not done (finished seeds are kept): {shlex.join(words)}"
     return f"next: all done; check the submission: {program} check {shlex.quote(str(out / record.settings.submitter))}"
+
+
+def short_campaign_line(found: int, required: int, scaling: str = "strong", opts: RunOptions | None = None) -> str:
+    """What a campaign of fewer runs than a score needs is: finished and checked, not yet an
+    entry; and the command that makes it one (the recorded first seed and results are kept).
+    Without `opts` (the check job of a Slurm campaign knows the submission, not the command) it
+    names the flags to add."""
+    weak = scaling == "weak"
+    head = f"{found} of {required} {'models' if weak else 'runs'}: not yet a scoreable entry"
+    if opts is None:
+        return f"{head}; add {required - found} more with the campaign's command, --seeds {required} --resume"
+    words = ["mlhpc", "run", opts.benchmark, "--config", opts.config, "--out", str(opts.out)]
+    words += ["--instances" if weak else "--seeds", str(required), *opts.overrides]
+    if weak:  # weak scaling is timed as one job: more models are a new campaign
+        return f"{head}; train all {required} at once with `{shlex.join(words)}` into a new --out"
+    return f"{head}; run {required - found} more with `{shlex.join([*words, '--resume'])}`"

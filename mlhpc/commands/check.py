@@ -31,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from mlhpc.campaign.status import short_campaign_line
     from mlhpc.submission_checker.command import check_command
 
     return check_command(
@@ -40,13 +41,5 @@ def _check(args: argparse.Namespace) -> int:
         csv_path=args.csv,
         report_dir=args.report,
         jobs=args.jobs,
-        short_campaign=_short_campaign_line if args.short_campaign else None,
-    )
-
-
-def _short_campaign_line(found: int, required: int) -> str:
-    """The check job's line for a short campaign: it knows the submission, not the run's command."""
-    return (
-        f"{found} of {required} runs: not yet a scoreable entry; "
-        f"add {required - found} more with the campaign's command, --seeds {required} --resume"
+        short_campaign=short_campaign_line if args.short_campaign else None,
     )

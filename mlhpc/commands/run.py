@@ -25,7 +25,7 @@ from mlhpc.common.vocabulary import (
 
 if TYPE_CHECKING:
     from mlhpc.campaign.options import RunOptions
-    from mlhpc.generation import SizeCheck
+    from mlhpc.campaign.prepare import Prepared
 
 
 def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
@@ -220,18 +220,18 @@ def _slurm_options(group: argparse._ArgumentGroup) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mlhpc.campaign.options import check_options, from_args
+    from mlhpc.campaign.options import from_args
+    from mlhpc.campaign.prepare import prepare
     from mlhpc.common.safeio.writable import check_writable_dir, local_dir_name, refuse_output_over_inputs
-    from mlhpc.staging.localdir import resolve_local_dir
 
-    # Built and checked once, here, for every route (local, weak, dry run, Slurm): a login node
-    # refuses what a seed job would, before anything is locked, launched, submitted or recorded.
+    # Built, checked and resolved once, here, for every route (local, weak, dry run, Slurm): a
+    # login node refuses what a seed job would, before anything is locked, launched or recorded.
     opts = from_args(args)
-    check_options(opts)
+    prepared = prepare(opts)
     # A dry run here touches no data: it says what the size check would refuse. A Slurm campaign
     # generates in its data job: refused on the login node, before anything is queued.
     if not args.dry_run or args.slurm:
-        refuse_surprise_size(opts)  # before --out is locked or written: a refusal leaves nothing behind
+        refuse_surprise_size(prepared)  # before --out is locked or written: a refusal leaves nothing behind
     if opts.data is not None and not args.dry_run:  # another benchmark's data: at once, not after imports
         from mlhpc.common.contract.data_kinds import other_layout
 
@@ -249,35 +249,33 @@ def _run(args: argparse.Namespace) -> int:
         first_rank = os.environ.get("RANK", "0") in ("", "0")
         what = f"checking the environment for {opts.benchmark} (importing torch)"
         with say_if_slow(what, stream=sys.stdout) if first_rank else contextlib.nullcontext():
-            check_run_environment(opts, device=not args.dry_run)
+            check_run_environment(prepared, device=not args.dry_run)
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
-        refuse_output_over_inputs(
-            resolve_local_dir(opts.local_dir), [opts.data], local_dir_name(opts.local_dir), folder=True
-        )
+        refuse_output_over_inputs(prepared.local_root, [opts.data], local_dir_name(opts.local_dir), folder=True)
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.campaign.slurm import resources_from_args, run_slurm_campaign
 
         if not args.dry_run:
             check_writable_dir(opts.out, "--out")
-        return run_slurm_campaign(opts, resources_from_args(args), dry_run=args.dry_run)
+        return run_slurm_campaign(prepared, resources_from_args(args), dry_run=args.dry_run)
     if args.dry_run:  # check the config (and --data), print the init events, build nothing
         from mlhpc.campaign.dry_run import dry_run
 
-        return dry_run(opts, args.json)
+        return dry_run(prepared, args.json)
     # Up front, on every rank: a read-only --out or a MLHPC_LOCAL_DIR that is a file is one line now,
     # not a traceback after the first seed has trained.
     check_writable_dir(opts.out, "--out")
-    check_writable_dir(resolve_local_dir(opts.local_dir), local_dir_name(opts.local_dir))
+    check_writable_dir(prepared.local_root, local_dir_name(opts.local_dir))
     from mlhpc.common.cluster.launch import detect_launch
 
     if opts.instances > 1 and detect_launch().world_size == 1:
         return _launch_instances(opts)
-    return _train_here(opts, seed_file)
+    return _train_here(prepared, seed_file)
 
 
-def _train_here(opts: RunOptions, seed_file: Path | None) -> int:
+def _train_here(prepared: Prepared, seed_file: Path | None) -> int:
     """Run the campaign on this process's ranks; rank 0 prints what each run did."""
     from mlhpc.campaign.local import run_campaign
     from mlhpc.common.cluster.distributed import init_distributed
@@ -285,6 +283,7 @@ def _train_here(opts: RunOptions, seed_file: Path | None) -> int:
     from mlhpc.common.display.debug_log import debug_log
     from mlhpc.common.safeio.fileio import atomic_write_text
 
+    opts = prepared.opts
     ctx = init_distributed(opts.backend, opts.device)
     started = time.perf_counter()
     try:
@@ -292,7 +291,7 @@ def _train_here(opts: RunOptions, seed_file: Path | None) -> int:
             debug_log(opts.out, ctx.rank) as debug_file,  # libraries' warnings and INFO records
             lost_rank_named(ctx, "the run in progress was not recorded; launch the same way with --resume"),
         ):
-            campaign = run_campaign(opts, ctx)
+            campaign = run_campaign(prepared, ctx)
     finally:
         shutdown_distributed()
     if ctx.is_main:
@@ -332,43 +331,29 @@ def _check_output_flags(args: argparse.Namespace, opts: RunOptions) -> Path | No
             f"--seed-file {shown(args.seed_file)} gets the seeds of strong-scaling runs trained here; "
             "drop --dry-run, --slurm or --instances, or drop --seed-file"
         )
-    inputs = [opts.data, opts.out / "campaign.json", opts.campaign]
+    from mlhpc.campaign.plan import CAMPAIGN_FILE
+
+    inputs = [opts.data, opts.out / CAMPAIGN_FILE, opts.campaign]
     return refuse_output_over_inputs(args.seed_file, inputs, "--seed-file", kind=SEED_KIND)
 
 
-def check_run_environment(opts: RunOptions, device: bool = True) -> None:
+def check_run_environment(prepared: Prepared, device: bool = True) -> None:
     """Before anything is staged, generated or recorded: the benchmark's imports, torch and
     torchvision built for each other, DALI where the config asks, and (`device`) the device asked
     for; one line naming the versions and the fix (mlhpc doctor runs the same checks)."""
-    from mlhpc.campaign.io import resolve_config
     from mlhpc.environment import check_environment
 
-    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
-    check_environment([resolved.info.name], resolved.cfg, opts.device if device else "none")
+    device_asked = prepared.opts.device if device else "none"
+    check_environment([prepared.benchmark], prepared.resolved.cfg, device_asked)
 
 
-def generated_size(opts: RunOptions) -> tuple[Path, SizeCheck] | None:
-    """Where a run without --data generates its dataset and what it checks first (None with --data)."""
-    if opts.data is not None:
-        return None
-    from mlhpc.campaign.io import resolve_config
-    from mlhpc.campaign.plan import dataset_dir
-    from mlhpc.generation import run_size_check
-
-    resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
-    name = resolved.info.name
-    size = run_size_check(name, resolved.cfg, opts.config, opts.allow_size)
-    return dataset_dir(opts.out, name, opts.config), size
-
-
-def refuse_surprise_size(opts: RunOptions) -> None:
+def refuse_surprise_size(prepared: Prepared) -> None:
     """A run without --data whose synthetic dataset would not fit, or is over 4 GiB without
     --allow-size, is one line naming the size and the free space (see generation.check_room)."""
     from mlhpc.generation import check_size
 
-    planned = generated_size(opts)
-    if planned is not None:
-        check_size(planned[0], planned[1], reuse_complete=True)
+    if prepared.size is not None and prepared.generated_dir is not None:
+        check_size(prepared.generated_dir, prepared.size, reuse_complete=True)
 
 
 def resume_command(args: argparse.Namespace, program: str) -> str | None:
@@ -424,11 +409,11 @@ def _launch_instances(opts: RunOptions) -> int:
     recorded = read_campaign_file(opts.out / CAMPAIGN_FILE)  # the settings the ranks ran with
     assert recorded is not None, "the instances' rank 0 writes the campaign file"
     ruleset = recorded.settings.ruleset
-    from mlhpc.campaign.local import short_campaign_line
+    from mlhpc.campaign.status import short_campaign_line
 
     return check_command(
         opts.out / recorded.settings.submitter,
         ruleset=ruleset,
         ruleset_reason=CAMPAIGN_RULESET,
-        short_campaign=lambda found, required: short_campaign_line(opts, "weak", found, required),
+        short_campaign=lambda found, required: short_campaign_line(found, required, "weak", opts),
     )

@@ -21,6 +21,7 @@ from mlhpc.campaign.io import plan_out
 from mlhpc.campaign.job_strings import check_slurm_strings
 from mlhpc.campaign.options import RunOptions
 from mlhpc.campaign.plan import CampaignPlan
+from mlhpc.campaign.prepare import prepare
 from mlhpc.campaign.slurm import absolute, slurm_request
 from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmResources, build_graph
 from mlhpc.common.errors import ConfigError
@@ -138,7 +139,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunOptions, Campaign
     opts = absolute(
         RunOptions(benchmark="cosmoflow", num_seeds=1, first_seed=5, out=out, submitter="org", system="s")
     )
-    return opts, plan_out(slurm_request(opts))
+    return opts, plan_out(slurm_request(prepare(opts)))
 
 
 def graph_for(

@@ -116,6 +116,7 @@ def test_a_seed_job_runs_with_a_python_whose_path_has_a_space(tmp_path: Path) ->
     Python (under a folder with a space) runs `-m mlhpc --version`-like work: its argv."""
     from mlhpc.campaign.io import plan_out
     from mlhpc.campaign.options import RunOptions
+    from mlhpc.campaign.prepare import prepare
     from mlhpc.campaign.slurm import absolute, slurm_request
     from mlhpc.campaign.slurm_graph import build_graph
 
@@ -139,7 +140,7 @@ def test_a_seed_job_runs_with_a_python_whose_path_has_a_space(tmp_path: Path) ->
         RunOptions(benchmark="cosmoflow", first_seed=3, out=tmp_path / "out", submitter="o", system="s")
     )
     tools = JobTools(run_and_time=REPO / "run_and_time.sh", mlhpc_cmd=(str(python), "-m", "mlhpc"))
-    g = build_graph(opts, plan_out(slurm_request(opts)), SlurmResources(), tools, generate=False)
+    g = build_graph(opts, plan_out(slurm_request(prepare(opts))), SlurmResources(), tools, generate=False)
     script = tmp_path / "seed_0.sbatch"
     script.write_text(g.jobs[0].script)
     env = cli_env(SLURM_TMPDIR=str(tmp_path / "local"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mlhpc.campaign.local import short_campaign_line
 from mlhpc.campaign.options import RunOptions
+from mlhpc.campaign.status import short_campaign_line
 from mlhpc.submission_checker.command import check_command
 
 SAMPLE = Path(__file__).parents[1] / "data" / "hpc_v2.0_helmholtzai" / "HelmholtzAI"
@@ -88,7 +88,7 @@ def test_a_full_entry_passes_without_the_line(tmp_path: Path) -> None:
 )
 def test_the_line_names_the_command_that_finishes_it(scaling: str, expected: str) -> None:
     opts = RunOptions(benchmark="cosmoflow", out=Path("my runs"), overrides=("loop.max_epochs=9",))
-    assert short_campaign_line(opts, scaling, 2, 10).startswith(expected)
+    assert short_campaign_line(2, 10, scaling, opts).startswith(expected)
 
 
 def test_the_slurm_check_jobs_flag_makes_a_short_campaign_exit_0(tmp_path: Path) -> None:

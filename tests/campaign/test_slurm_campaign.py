@@ -17,6 +17,7 @@ import pytest
 from mlhpc.campaign.io import campaign_request, plan_out, read_campaign_file, resolve_config
 from mlhpc.campaign.options import RunOptions, from_args
 from mlhpc.campaign.plan import CAMPAIGN_FILE, CampaignPlan
+from mlhpc.campaign.prepare import prepare
 from mlhpc.campaign.slurm import absolute, slurm_request, submit
 from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmJob, SlurmResources, build_graph, seed_argv
 from mlhpc.cli import build_parser
@@ -46,7 +47,7 @@ def options(tmp_path: Path, **changes: object) -> RunOptions:
 
 def planned(opts: RunOptions) -> CampaignPlan:
     """The planner's campaign for `opts`, as `mlhpc run --slurm` plans it on a login node."""
-    return plan_out(slurm_request(opts))
+    return plan_out(slurm_request(prepare(opts)))
 
 
 def graph(
@@ -256,7 +257,7 @@ def plan_seeds(out: Path, count: int, first_seed: int | None, resume: bool) -> t
     """(seed of every index, indices to run) as `mlhpc run --slurm` plans them."""
     extra = ["--submitter", "org", "--system", "sys", "--seeds", str(count)]
     extra += ["--first-seed", str(first_seed)] if first_seed is not None else []
-    p = plan_out(slurm_request(from_args(slurm_args(out, *extra, *(["--resume"] if resume else [])))))
+    p = plan_out(slurm_request(prepare(from_args(slurm_args(out, *extra, *(["--resume"] if resume else []))))))
     return list(p.seeds), list(p.to_run)
 
 
@@ -278,7 +279,7 @@ def test_local_and_slurm_plan_the_same_campaign(tmp_path: Path) -> None:
     opts = from_args(args)
     resolved = resolve_config(opts.benchmark, opts.config, opts.overrides)
     local = plan_out(campaign_request(opts, resolved, "strong", default_system="this_machine_n1"))
-    slurm = plan_out(slurm_request(from_args(slurm_args(tmp_path, "--submitter", "org", *common))))
+    slurm = plan_out(slurm_request(prepare(from_args(slurm_args(tmp_path, "--submitter", "org", *common)))))
     assert (
         (local.seeds, local.to_run, local.kept)
         == (slurm.seeds, slurm.to_run, slurm.kept)
