@@ -35,8 +35,13 @@ def system_json_path(submitter_dir: Path, system: str) -> Path:
     return Path(submitter_dir) / "systems" / f"{system}.json"
 
 
+def results_root(submitter_dir: Path) -> Path:
+    """The organisation's results/ folder: what makes a folder an organisation's."""
+    return Path(submitter_dir) / "results"
+
+
 def results_dir(submitter_dir: Path, system: str, scaling: Scaling, benchmark: str) -> Path:
-    return Path(submitter_dir) / "results" / system / scaling / benchmark
+    return results_root(submitter_dir) / system / scaling / benchmark
 
 
 def result_file(submitter_dir: Path, system: str, scaling: Scaling, benchmark: str, index: int) -> Path:
@@ -49,5 +54,20 @@ def breakdown_file(submitter_dir: Path, system: str, scaling: Scaling, benchmark
     return folder.parent / "breakdown" / folder.name / system / scaling / benchmark / f"result_{index}.json"
 
 
+def result_of_breakdown(breakdown: Path) -> Path | None:
+    """The result log a breakdown file (`breakdown_file`) belongs to, by the layout alone;
+    None for a path that is not in a breakdown/ tree."""
+    parts = Path(breakdown).parts
+    if len(parts) < 6 or parts[-6] != "breakdown":
+        return None
+    root = Path(*parts[:-6]) if len(parts) > 6 else Path(".")
+    submitter, system, scaling, benchmark = parts[-5:-1]
+    return results_root(root / submitter) / system / scaling / benchmark / Path(parts[-1]).with_suffix(".txt").name
+
+
+def implementations_dir(submitter_dir: Path, benchmark: str) -> Path:
+    return Path(submitter_dir) / "benchmarks" / benchmark / "implementations"
+
+
 def implementation_dir(submitter_dir: Path, benchmark: str, implementation: str = "pytorch") -> Path:
-    return Path(submitter_dir) / "benchmarks" / benchmark / "implementations" / implementation
+    return implementations_dir(submitter_dir, benchmark) / implementation

@@ -10,6 +10,7 @@ from typing import Any
 
 from mlhpc.common.contract.catalog import required_run_count
 from mlhpc.common.errors import SubmissionError
+from mlhpc.common.layout import results_root
 
 from .claims import check_logs_against_system, check_scale_claim
 from .compliance import DEFAULT_RULESET, LogAnalysis, analyse_logs, known_rulesets, refusal, validate_ruleset
@@ -261,7 +262,7 @@ def _choose_ruleset(ruleset: str | None, files: Sequence[Path], root: Path, reas
         return RulesetChoice(validate_ruleset(ruleset), reason)
     sniffs = [sniff_log(p) for p in files if refusal(str(p)) is None]
     # The round folder's name: the root itself, or the folder holding the organisation checked.
-    names = [root.name, root.parent.name] if (root / "results").is_dir() else [root.name]
+    names = [root.name, root.parent.name] if results_root(root).is_dir() else [root.name]
     folder = next((n for n in names if ruleset_of_folder(n, known_rulesets()) is not None), root.name)
     return detect_ruleset(sniffs, known_rulesets(), DEFAULT_RULESET, folder)
 

@@ -17,6 +17,9 @@ from mlhpc.common.layout import (
     SCALINGS,
     SYSTEM_REQUIRED_FIELDS,
     Scaling,
+    implementations_dir,
+    results_dir,
+    results_root,
     system_json_path,
 )
 from mlhpc.common.safeio import safe_json, safe_read
@@ -89,7 +92,7 @@ class EntryDir:
 
     @property
     def path(self) -> Path:
-        return self.submitter_dir / "results" / self.system / self.scaling / self.benchmark
+        return results_dir(self.submitter_dir, self.system, self.scaling, self.benchmark)
 
 
 @dataclass(frozen=True)
@@ -131,10 +134,10 @@ def find_submitter_dirs(root: Path) -> tuple[list[Path], list[Finding]]:
     root = Path(root)
     if not root.is_dir():
         raise SubmissionError(f"{root} is not a folder; pass an organisation's or a round's folder")
-    if (root / "results").is_dir():
+    if results_root(root).is_dir():
         return [root], []
     findings: list[Finding] = []
-    submitters = [d for d in _subdirs(root, root, findings) if (d / "results").is_dir()]
+    submitters = [d for d in _subdirs(root, root, findings) if results_root(d).is_dir()]
     if not submitters:
         raise SubmissionError(
             f"{root} holds no results/ folder, nor do its subfolders; pass an organisation's "
@@ -152,7 +155,7 @@ def find_entries(submitter_dir: Path, root: Path) -> tuple[list[EntryDir], list[
     """The entries under submitter_dir/results, and findings for folders that fit no entry."""
     entries: list[EntryDir] = []
     findings: list[Finding] = []
-    for system_dir in _subdirs(submitter_dir / "results", root, findings):
+    for system_dir in _subdirs(results_root(submitter_dir), root, findings):
         for scaling_dir in _subdirs(system_dir, root, findings):
             if scaling_dir.name not in SCALINGS:
                 message = f"unknown scaling folder {scaling_dir.name!r}"
@@ -306,7 +309,7 @@ def check_stray_files(entry: EntryDir) -> list[Finding]:
 
 def check_implementation(submitter_dir: Path, benchmark: str) -> list[Finding]:
     """benchmarks/<benchmark>/implementations/ should hold the code that produced the results."""
-    folder = Path(submitter_dir) / "benchmarks" / benchmark / "implementations"
+    folder = implementations_dir(submitter_dir, benchmark)
     if folder.is_dir():
         return []
     message = f"no {folder.relative_to(submitter_dir)}/ folder"

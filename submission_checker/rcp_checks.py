@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlhpc.common.contract import catalog
+from mlhpc.common.layout import results_root
 from mlhpc.common.safeio import safe_json
 
 from .compliance import LogAnalysis
@@ -154,7 +155,7 @@ def entry_rcp(
     committed, findings = read_scaling_json(entry.path)
     result: RcpResult | None = None
     if closed and files:
-        bypass = has_bypass(entry.path) or has_bypass(entry.submitter_dir / "results" / entry.system)
+        bypass = has_bypass(entry.path) or has_bypass(results_root(entry.submitter_dir) / entry.system)
         result = as_smoke(entry.benchmark, check_rcp(_reads(files), ruleset, bypass=bypass))
         findings += _rcp_finding(entry, result)
     if entry.scaling == "weak":

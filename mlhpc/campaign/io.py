@@ -24,7 +24,7 @@ from mlhpc.campaign.plan import (
 from mlhpc.campaign.seeds import MAX_RUNS, MAX_SEED, draw_first_seed
 from mlhpc.campaign.settings import DEFAULTS, SETTING_FLAGS, Settings, check_setting
 from mlhpc.common.errors import ConfigError, DataError, SubmissionError
-from mlhpc.common.layout import Scaling, results_dir
+from mlhpc.common.layout import Scaling, results_dir, results_root
 
 MAX_CAMPAIGN_BYTES = 1 << 20
 
@@ -159,7 +159,7 @@ def scan_out(out: Path, benchmark: str, scaling: Scaling) -> Callable[[Settings]
         assert settings.system is not None
         submitter_dir = Path(out) / settings.submitter
         found = scan_results(results_dir(submitter_dir, settings.system, scaling, benchmark))
-        systems = {p.name for p in (submitter_dir / "results").glob("*") if p.is_dir() and not p.is_symlink()}
+        systems = {p.name for p in results_root(submitter_dir).glob("*") if p.is_dir() and not p.is_symlink()}
         return replace(found, other_systems=frozenset(systems - {settings.system}))
 
     return scan

@@ -21,6 +21,7 @@ from mlhpc.common.display.html_words import keep_words
 from mlhpc.common.display.tables import fitted_table
 from mlhpc.common.display.waiting import say_if_slow
 from mlhpc.common.errors import MlhpcError, SubmissionError
+from mlhpc.common.layout import results_root
 from mlhpc.common.printable import shown
 from mlhpc.common.safeio.fileio import atomic_write_text
 from mlhpc.common.safeio.writable import (
@@ -60,7 +61,7 @@ def origin_of(root: Path, requested: str) -> str:
     (hpc_results_v3.0), else 'ours'; `requested` other than 'auto' decides."""
     if requested != "auto":
         return requested
-    names = [root.name, root.parent.name] if (root / "results").is_dir() else [root.name]
+    names = [root.name, root.parent.name] if results_root(root).is_dir() else [root.name]
     return "published" if any(ruleset_of_folder(n, known_rulesets()) for n in names) else "ours"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from mlhpc.common.display.plots import pyplot, write_png
 from mlhpc.common.display.waiting import say_if_slow
 from mlhpc.common.errors import SubmissionError
+from mlhpc.common.layout import result_of_breakdown
 from mlhpc.common.printable import shown
 from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.safeio.safe_read import RefusedFile, find_files, read_bytes
@@ -110,24 +111,12 @@ def _read_one(path: Path, folder: Path) -> RunBreakdown:
     )
 
 
-def _result_log(breakdown_path: Path) -> Path | None:
-    """The result log of a breakdown, by the layout (common/layout.py), not by what the JSON says:
-    <root>/breakdown/<submitter>/<system>/<scaling>/<bench>/result_<i>.json ->
-    <root>/<submitter>/results/<system>/<scaling>/<bench>/result_<i>.txt."""
-    parts = breakdown_path.parts
-    if len(parts) < 6 or parts[-6] != "breakdown":
-        return None
-    root = Path(*parts[:-6]) if len(parts) > 6 else Path(".")
-    submitter, system, scaling, bench = parts[-5:-1]
-    return root / submitter / "results" / system / scaling / bench / breakdown_path.with_suffix(".txt").name
-
-
 def _fixed_epoch_valid_flops(breakdown_path: Path) -> float | None:
     """Valid FLOPS of a fixed-epoch run from its result log; None for any other run or no log."""
     from mlhpc.submission_checker.logparse import parse_log
     from mlhpc.submission_checker.scoring import log_fixed_epoch_score
 
-    log_path = _result_log(breakdown_path)
+    log_path = result_of_breakdown(breakdown_path)
     if log_path is None or not log_path.is_file():
         return None
     try:
