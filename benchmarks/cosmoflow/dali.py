@@ -5,51 +5,19 @@ decoded on the CPU and transformed on the GPU when the run has one (the `gpu` ex
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-
-import torch
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.benchmarks.cosmoflow.data import read_file_lists
 from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError
-from mlhpc.common.training.dali import device_id, import_dali
+from mlhpc.common.training.dali import DaliLoader, dali_iterator, device_id, import_dali
 
 OUTPUTS = ("cube", "target")
 READER = "cube_reader"
-
-
-class DaliLoader:
-    """A DALI iterator seen as a DataLoader: `(cube, target)` batches, `len()` steps, one epoch per `iter()`."""
-
-    def __init__(self, iterator: Any, *, steps: int) -> None:
-        self._iterator = iterator
-        self._steps = steps
-        self._mid_epoch = False
-
-    def __len__(self) -> int:
-        return self._steps
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._mid_epoch:
-            # An abandoned epoch: finish it so the next one starts at its first sample.
-            for _ in self._iterator:
-                pass
-        self._mid_epoch = True
-        taken = 0
-        # Run DALI's epoch to its end (auto_reset) even past `steps`, or its readers would start the
-        # next epoch mid-shard: train shards differ by a sample, and every rank stops after `steps`.
-        for outputs in self._iterator:
-            cube, target = (outputs[0][name] for name in OUTPUTS)
-            # DALI pads a shard shorter than the longest with empty batches to keep ranks in step.
-            if taken < self._steps and cube.shape[0] > 0:
-                taken += 1
-                yield cube, target
-        self._mid_epoch = False
 
 
 def build_dali_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
@@ -78,8 +46,8 @@ def build_dali_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed
     train = _iterator(dali, cfg, data_dir / "train", train_pairs, ctx, seed, batch, training=True)
     validation = _iterator(dali, cfg, data_dir / "validation", eval_pairs, ctx, seed, batch, training=False)
     return DataBundle(
-        train=DaliLoader(train, steps=train_steps),
-        validation=DaliLoader(validation, steps=eval_steps),
+        train=DaliLoader(train, outputs=OUTPUTS, steps=train_steps),
+        validation=DaliLoader(validation, outputs=OUTPUTS, steps=eval_steps),
         train_samples=len(train_pairs),
         eval_samples=len(eval_pairs),
         set_epoch=None,  # the train reader reshuffles the whole list itself after every epoch
@@ -135,27 +103,4 @@ def _iterator(
         cube = fn.transpose(cube, perm=[3, 0, 1, 2])  # (S, S, S, C) -> (C, S, S, S), as torch's Conv3d wants
         return cube, fn.cast(target, dtype=types.FLOAT)
 
-    try:
-        return dali.plugin.pytorch.DALIGenericIterator(
-            pipeline(),
-            list(OUTPUTS),
-            reader_name=READER,
-            auto_reset=True,
-            # PARTIAL for train too: with DROP and unequal shards the readers of the longer shards
-            # carry a sample into the next epoch, and ranks then see duplicates. DaliLoader drops instead.
-            last_batch_policy=dali.plugin.pytorch.LastBatchPolicy.PARTIAL,
-        )
-    except RuntimeError as e:
-        raise DataError(
-            f"DALI cannot read {split_dir} ({_reason(e)}); regenerate or restage it, or use data.loader=torch"
-        ) from e
-
-
-def _reason(error: RuntimeError) -> str:
-    """The line of a DALI error that names the cause; the rest is its own traceback and context."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if "encountered:" in lines:
-        after = lines[lines.index("encountered:") + 1 :]
-        if after:
-            return after[0]
-    return lines[-1] if lines else type(error).__name__
+    return dali_iterator(dali, pipeline(), OUTPUTS, what=str(split_dir), reader_name=READER)

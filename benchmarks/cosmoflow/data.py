@@ -24,7 +24,6 @@ from mlhpc.common.printable import shown
 from mlhpc.common.safeio.datasets import existing_data_dir, list_samples, open_sample
 from mlhpc.common.safeio.npyfile import check_npy
 from mlhpc.common.training.batches import to_device
-from mlhpc.common.training.dali import choose_loader
 from mlhpc.common.training.loaders import torch_data_bundle
 
 SPLITS = ("train", "validation")
@@ -178,11 +177,8 @@ def _load(path: Path) -> np.ndarray:
         raise DataError(f"{path} cannot be read ({e}); regenerate or restage it") from e
 
 
-def build_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
-    if choose_loader(cfg.data.loader, ctx) == "dali":
-        from mlhpc.benchmarks.cosmoflow.dali import build_dali_data
-
-        return build_dali_data(cfg, data_dir, ctx, seed)
+def build_torch_data(cfg: CosmoFlowConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
+    """Train and validation DataLoaders for this rank over the files (data.loader=torch)."""
     train = CosmoFlowFiles(Path(data_dir) / "train", apply_log=cfg.data.apply_log)
     validation = CosmoFlowFiles(Path(data_dir) / "validation", apply_log=cfg.data.apply_log)
     return torch_data_bundle(

@@ -4,14 +4,12 @@ transposes, on the GPU when the run has one. Batches and their order equal the t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import DistributedSampler
 
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
@@ -19,7 +17,7 @@ from mlhpc.benchmarks.deepcam.data import DeepCamFiles, read_stats
 from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError
-from mlhpc.common.training.dali import device_id, import_dali
+from mlhpc.common.training.dali import DaliLoader, dali_iterator, device_id, import_dali
 
 OUTPUTS = ("fields", "label")
 
@@ -56,21 +54,6 @@ class BatchSource:
         ]
 
 
-class DaliLoader:
-    """A DALI iterator seen as a DataLoader: (fields, label) batches, len() steps, one epoch per iter()."""
-
-    def __init__(self, iterator: Any, *, steps: int) -> None:
-        self._iterator = iterator
-        self._steps = steps
-
-    def __len__(self) -> int:
-        return self._steps
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for outputs in self._iterator:
-            yield tuple(outputs[0][name] for name in OUTPUTS)  # type: ignore[misc]
-
-
 def build_dali_data(cfg: DeepCamConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
     dali = import_dali()
     data_dir = Path(data_dir)
@@ -87,7 +70,7 @@ def build_dali_data(cfg: DeepCamConfig, data_dir: Path, ctx: DistContext, seed: 
         source = BatchSource(files, batch, seed, ctx.rank, ctx.world_size, training)
         steps = -(-len(source.indices(0)) // batch)
         loaders[split] = (
-            DaliLoader(_iterator(dali, cfg, source, stats, ctx, seed, batch), steps=steps),
+            DaliLoader(_iterator(dali, cfg, source, stats, ctx, data_dir / split), outputs=OUTPUTS, steps=steps),
             files,
         )
     return DataBundle(
@@ -105,8 +88,7 @@ def _iterator(
     source: BatchSource,
     stats: tuple[np.ndarray, np.ndarray],
     ctx: DistContext,
-    seed: int,
-    batch: int,
+    split_dir: Path,
 ) -> Any:
     fn, types = dali.fn, dali.types
     on_gpu = ctx.device.type == "cuda"
@@ -114,10 +96,10 @@ def _iterator(
     shift, scale = (s.reshape(1, 1, -1) for s in stats)  # (1, 1, C): fields arrive (H, W, C)
 
     @dali.pipeline_def(
-        batch_size=batch,
+        batch_size=source.batch,
         num_threads=max(1, cfg.data.num_workers),
         device_id=pipeline_device,
-        seed=seed % 2**31,
+        seed=source.seed % 2**31,
         py_num_workers=max(1, cfg.data.num_workers),
         # A forked worker cannot use the CUDA the loop has already set up: spawn on a GPU run.
         py_start_method="spawn" if on_gpu else "fork",
@@ -137,16 +119,4 @@ def _iterator(
         fields = fn.transpose(fields, perm=[2, 0, 1])  # (H, W, C) -> (C, H, W)
         return fields, fn.cast(label, dtype=types.INT64)
 
-    pipe = pipeline()
-    try:
-        pipe.build()
-        return dali.plugin.pytorch.DALIGenericIterator(
-            pipe,
-            list(OUTPUTS),
-            auto_reset=True,
-            last_batch_policy=dali.plugin.pytorch.LastBatchPolicy.PARTIAL,
-        )
-    except RuntimeError as e:
-        raise DataError(
-            f"DALI cannot read the dataset ({str(e).splitlines()[0]}); use data.loader=torch"
-        ) from e
+    return dali_iterator(dali, pipeline(), OUTPUTS, what=str(split_dir))

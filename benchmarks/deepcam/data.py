@@ -26,7 +26,6 @@ from mlhpc.common.errors import DataError
 from mlhpc.common.safeio.datasets import existing_data_dir, list_samples, open_h5, open_sample
 from mlhpc.common.safeio.npyfile import check_npy
 from mlhpc.common.training.batches import to_device
-from mlhpc.common.training.dali import choose_loader
 from mlhpc.common.training.loaders import torch_data_bundle
 
 SPLITS = ("train", "validation")
@@ -226,11 +225,8 @@ class DeepCamFiles(Dataset):
         )
 
 
-def build_data(cfg: DeepCamConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
-    if choose_loader(cfg.data.loader, ctx) == "dali":
-        from mlhpc.benchmarks.deepcam.dali import build_dali_data
-
-        return build_dali_data(cfg, data_dir, ctx, seed)
+def build_torch_data(cfg: DeepCamConfig, data_dir: Path, ctx: DistContext, seed: int) -> DataBundle:
+    """Train and validation DataLoaders for this rank over the files (data.loader=torch)."""
     stats = read_stats(Path(data_dir), cfg.data.num_channels)
     train = DeepCamFiles(Path(data_dir) / "train", file_format=cfg.data.format, stats=stats)
     validation = DeepCamFiles(Path(data_dir) / "validation", file_format=cfg.data.format, stats=stats)

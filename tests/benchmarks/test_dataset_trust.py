@@ -316,7 +316,7 @@ def test_a_sample_damaged_after_validation_is_one_line_from_a_worker(
     module = BENCHMARKS[name][0]
     cfg = _cfg(name, "data.num_workers=1", "loop.global_batch_size=2")
     root = Path(shutil.copytree(datasets[name], tmp_path / "data"))
-    bundle = module.build_data(cfg, root, init_distributed("auto", "cpu"), seed=1)
+    bundle = module.build_torch_data(cfg, root, init_distributed("auto", "cpu"), seed=1)
     for path in _read_files(root, name):
         if path.parent.name == "validation" and path.suffix in (".npy", ".h5") and "label" not in path.name:
             path.write_bytes(path.read_bytes()[:100])  # cut short after the check

@@ -7,6 +7,7 @@ must work there. Static rules read the source (AST); runtime rules import in a f
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import re
 import subprocess
@@ -204,7 +205,7 @@ CAMPAIGN_TORCH_BY_DESIGN = {"mlhpc.campaign.local", "mlhpc.campaign.dry_run"}
 def test_the_campaign_room_plans_and_submits_without_torch() -> None:
     """Planning, campaign.json, the options and the Slurm submitter: a login node has no torch."""
     result = import_each("mlhpc.campaign", CAMPAIGN_TORCH_BY_DESIGN)
-    planning = {"plan", "seeds", "settings", "io", "options", "slurm", "slurm_graph"}
+    planning = {"plan", "prepare", "seeds", "settings", "io", "options", "slurm", "slurm_graph", "status"}
     assert {f"mlhpc.campaign.{name}" for name in planning} <= set(result["imported"])
     assert result["first_with_torch"] is None, f"{result['first_with_torch']} imports torch"
 
@@ -231,6 +232,31 @@ def test_the_top_floor_rooms_do_not_reach_up_or_across(room: str, above: tuple[s
     folder = REPO / "mlhpc" / room
     assert len(list(folder.glob("*.py"))) > 3
     assert imports_under(folder, f"mlhpc.{room}", above) == []
+
+
+def import_cycle(folder: Path, package: str) -> list[str] | None:
+    """A cycle among the modules under `folder` (imports at the top or inside functions alike),
+    or None: one that only works because an import waits inside a function is still a circle."""
+    modules = {".".join([package, *p.relative_to(folder).with_suffix("").parts]) for p in folder.rglob("*.py")}
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for _, own, _, module in imports_in(folder, package):
+        target = module if module in modules else module.rpartition(".")[0]
+        if target in modules and target != own and not target.endswith(".__init__"):
+            graph[own].add(target)
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return None
+
+
+@pytest.mark.parametrize("benchmark", ["cosmoflow", "deepcam", "extreme_weather"])
+def test_no_benchmark_module_imports_back_into_one_that_imports_it(benchmark: str, tmp_path: Path) -> None:
+    """The dali.py <-> data.py circles are cut: the loader choice lives in functions.py."""
+    assert import_cycle(REPO / "benchmarks" / benchmark, f"mlhpc.benchmarks.{benchmark}") is None
+    (tmp_path / "data.py").write_text("def build():\n    from mlhpc.x import dali\n")
+    (tmp_path / "dali.py").write_text("from mlhpc.x.data import read\n")
+    assert import_cycle(tmp_path, "mlhpc.x") is not None  # the rule sees a circle through a function
 
 
 def test_the_torch_communicator_is_the_staging_module_exempt_by_name() -> None:
