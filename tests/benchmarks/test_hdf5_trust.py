@@ -10,8 +10,6 @@ import faulthandler
 import os
 import shutil
 import string
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +33,7 @@ from mlhpc.common.errors import DataError
 from mlhpc.common.safeio.datasets import MAX_H5_LINKS, open_h5
 from mlhpc.staging import build_manifest
 from mlhpc.staging.manifest import MANIFEST_NAME
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import mlhpc
 
 REPO = Path(__file__).resolve().parents[2]
 # a batch the 4 samples hold: mlhpc run refuses a batch an epoch cannot fill before any read
@@ -294,16 +292,6 @@ def test_every_h5py_open_in_the_product_goes_through_open_h5() -> None:
 
 
 # ---------------------------------------------------------------- the commands
-def mlhpc(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=cli_env(OMP_NUM_THREADS="1", **env),
-    )
-
 
 @pytest.mark.parametrize("how", ["storage-on-fifo", "virtual-unlimited-on-fifo", "storage-on-file"])
 def test_mlhpc_manifest_refuses_a_sample_reading_outside_itself(
@@ -312,7 +300,7 @@ def test_mlhpc_manifest_refuses_a_sample_reading_outside_itself(
     root, victim = planted(datasets, tmp_path, "deepcam-sample", how)
     (root / MANIFEST_NAME).unlink(missing_ok=True)
     started = time.monotonic()
-    proc = mlhpc("manifest", str(root), cwd=tmp_path)
+    proc = mlhpc("manifest", str(root), cwd=tmp_path, OMP_NUM_THREADS="1")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("mlhpc: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert str(victim) in proc.stderr and FIX in proc.stderr
@@ -352,7 +340,7 @@ def test_mlhpc_run_refuses_it_in_one_line_and_promptly(
     ]
     started = time.monotonic()
     proc = mlhpc(
-        *args, "--system", "ci", "--no-check", *size, cwd=tmp_path, MLHPC_LOCAL_DIR=str(tmp_path / "local")
+        *args, "--system", "ci", "--no-check", *size, cwd=tmp_path, OMP_NUM_THREADS="1", MLHPC_LOCAL_DIR=str(tmp_path / "local")
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("mlhpc: error: ") and proc.stderr.count("\n") == 1, proc.stderr

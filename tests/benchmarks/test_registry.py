@@ -24,7 +24,7 @@ from mlhpc.common.contract import catalog, registry
 from mlhpc.common.contract.catalog import required_run_count
 from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import cli_env, mlhpc_cli
 from tests.helpers.toy_benchmark import TOY, TOY_INFO
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,13 +113,6 @@ def python(code: str, site: Path, cwd: Path) -> subprocess.CompletedProcess[str]
     env = cli_env(PYTHONPATH=str(site))
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
-    )
-
-
-def mlhpc(args: list[str], site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = cli_env(PYTHONPATH=str(site))
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
     )
 
 
@@ -269,7 +262,7 @@ print(json.dumps([registry.names(), cfg.width, required_run_count("thirdbench"),
     assert names == sorted([*BUILTIN, "thirdbench"])
     assert (width, runs, torch_before_get, module) == (9, 3, False, "thirdbench.functions")
     out = tmp_path / "data"
-    generated = mlhpc(["generate", "thirdbench", "--config", "mini", "--out", str(out)], site, tmp_path)
+    generated = mlhpc_cli(["generate", "thirdbench", "--config", "mini", "--out", str(out)], tmp_path, timeout=300, PYTHONPATH=str(site))
     assert generated.returncode == 0, generated.stderr
     assert (out / "samples.txt").read_text() == "width=7 seed=0\n"
 
@@ -319,7 +312,7 @@ def test_broken_third_party_entry_point_is_one_line_and_spares_the_rest(tmp_path
     proc = python("from mlhpc.common.contract import registry; print(registry.names())", site, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(sorted(BUILTIN))
-    generated = mlhpc(["generate", "brokenbench", "--out", str(tmp_path / "data")], site, tmp_path)
+    generated = mlhpc_cli(["generate", "brokenbench", "--out", str(tmp_path / "data")], tmp_path, timeout=300, PYTHONPATH=str(site))
     assert generated.returncode == 2
     errors = [line for line in generated.stderr.splitlines() if "brokenbench" in line]
     assert "Traceback" not in generated.stderr

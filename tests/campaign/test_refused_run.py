@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import mlhpc_cli
 
 SMALL = [
     "data.num_train_samples=32",
@@ -34,17 +32,6 @@ def snapshot(root: Path) -> dict[str, str] | None:
     return found
 
 
-def mlhpc(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-        env=cli_env(MLHPC_LOCAL_DIR=str(cwd / "local"), **env),
-    )
-
-
 def fake_torchvision(root: Path) -> Path:
     site = root / "site"
     (site / "torchvision").mkdir(parents=True)
@@ -61,7 +48,7 @@ def fake_torchvision(root: Path) -> Path:
 
 def refused(args: list[str], cwd: Path, out: Path, expected: str, **env: str) -> None:
     before = snapshot(out)
-    proc = mlhpc(args, cwd, **env)
+    proc = mlhpc_cli(args, cwd, **env)
     assert proc.returncode == 2 and expected in proc.stderr, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("mlhpc: error: ")]
     assert len(errors) == 1 and proc.stderr.splitlines()[-1] == errors[0], proc.stderr
@@ -87,7 +74,7 @@ def test_each_refusal_leaves_out_as_it_was(tmp_path: Path, out_exists: bool) -> 
         PYTHONPATH=str(fake_torchvision(tmp_path)),
     )
     # The corrected command: accepted as a new campaign (no --resume), and it trains.
-    done = mlhpc([*base, "--first-seed", "7"], tmp_path)
+    done = mlhpc_cli([*base, "--first-seed", "7"], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads((out / "campaign.json").read_text())
     assert record["entries"]["cosmoflow/strong"]["first_seed"] == 7

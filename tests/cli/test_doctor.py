@@ -5,14 +5,13 @@ torchvision package on PYTHONPATH: nothing is installed."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from mlhpc.environment import EnvironmentProblem, check_device, pair_problem, torchvision_for
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import mlhpc_cli
 
 NMS_ERROR = "operator torchvision::nms does not exist"
 
@@ -32,13 +31,6 @@ def fake_torchvision(root: Path, version: str, requires: str, body: str) -> Path
 
 RAISES = f"raise RuntimeError({NMS_ERROR!r})\n"
 THIS_PAIR = torchvision_for(torch.__version__) or "0.0.*"
-
-
-def mlhpc(args: list[str], cwd: Path, site: Path) -> subprocess.CompletedProcess[str]:
-    env = cli_env(PYTHONPATH=str(site), MLHPC_LOCAL_DIR=str(cwd / "local"))
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
-    )
 
 
 @pytest.fixture
@@ -66,7 +58,7 @@ def one_line(proc: subprocess.CompletedProcess[str]) -> str:
 def test_a_wrong_pin_is_one_line_before_anything_is_written(
     tmp_path: Path, wrong_pin: Path, args: list[str]
 ) -> None:
-    line = one_line(mlhpc(args, tmp_path, wrong_pin))
+    line = one_line(mlhpc_cli(args, tmp_path, timeout=300, PYTHONPATH=str(wrong_pin)))
     assert "torchvision 0.28.0 is built for torch==2.13.0, but torch is" in line
     assert f"pip install 'torchvision=={THIS_PAIR}'" in line
     assert not (tmp_path / "out").exists() and not (tmp_path / "local").exists()
@@ -76,13 +68,13 @@ def test_a_broken_op_with_a_right_pin_is_one_line(tmp_path: Path) -> None:
     """The metadata agrees, the build does not: the import (or the first op) says so."""
     version = THIS_PAIR.replace("*", "0")
     site = fake_torchvision(tmp_path, version, f"torch>={torch.__version__.split('+')[0]}", RAISES)
-    line = one_line(mlhpc(["run", "deepcam", "--out", "out"], tmp_path, site))
+    line = one_line(mlhpc_cli(["run", "deepcam", "--out", "out"], tmp_path, timeout=300, PYTHONPATH=str(site)))
     assert f"torchvision {version} does not work with torch" in line and NMS_ERROR in line
     assert not (tmp_path / "out").exists()
 
 
 def test_cosmoflow_needs_no_torchvision(tmp_path: Path, wrong_pin: Path) -> None:
-    proc = mlhpc(["doctor", "cosmoflow", "--device", "cpu"], tmp_path, wrong_pin)
+    proc = mlhpc_cli(["doctor", "cosmoflow", "--device", "cpu"], tmp_path, timeout=300, PYTHONPATH=str(wrong_pin))
     assert proc.returncode == 0 and "the environment is ready for cosmoflow" in proc.stdout, proc.stderr
 
 

@@ -67,5 +67,18 @@ def mlhpc_cli(
     )
 
 
+def mlhpc(*args: str | Path, cwd: Path | None = None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m mlhpc ARGS` to its end in a subprocess, output captured, in the test environment
+    (`cli_env` with `env`); `mlhpc_cli` runs one in a folder of its own, staging under it."""
+    return subprocess.run(
+        [sys.executable, "-m", "mlhpc", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=cli_env(**env),
+    )
+
+
 def stage_command(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "mlhpc", "stage", *map(str, args)]

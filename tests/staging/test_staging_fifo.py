@@ -25,20 +25,10 @@ from mlhpc.staging import (
     verify_staged,
 )
 from mlhpc.staging.manifest import hash_file
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import cli_env, mlhpc
 
 TIMEOUT_S = 60
 """Far more than any of these takes; a FIFO that blocked would run into it."""
-
-
-def mlhpc(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=TIMEOUT_S,
-    )
 
 
 def one_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -58,10 +48,10 @@ def source(root: Path) -> Path:
 def test_manifest_and_stage_refuse_a_fifo_in_src(tmp_path: Path, where: str) -> None:
     src = source(tmp_path / "src")
     os.mkfifo(src / where)
-    line = one_line(mlhpc("manifest", src))
+    line = one_line(mlhpc("manifest", src, timeout=TIMEOUT_S))
     assert f"{src / where} is a FIFO, not a regular file" in line and "move it out of the dataset" in line
     assert not (src / MANIFEST_NAME).exists()
-    line = one_line(mlhpc("stage", src, tmp_path / "dest"))
+    line = one_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
     assert f"{src / where} is a FIFO, not a regular file" in line
     assert not (tmp_path / "dest" / STAGED_MARKER).exists()
 
@@ -87,7 +77,7 @@ def test_a_manifest_that_names_a_fifo_is_refused_by_stage(tmp_path: Path) -> Non
     build_manifest(src).write(src / MANIFEST_NAME)
     (src / "a.bin").unlink()
     os.mkfifo(src / "a.bin")
-    line = one_line(mlhpc("stage", src, tmp_path / "dest", "--processes", "2"))
+    line = one_line(mlhpc("stage", src, tmp_path / "dest", "--processes", "2", timeout=TIMEOUT_S))
     assert f"{src / 'a.bin'} is a FIFO, not a regular file" in line
 
 
@@ -102,7 +92,7 @@ def test_verify_refuses_a_fifo_in_place_of_a_staged_file(tmp_path: Path) -> None
     stage_dataset(StageRequest(src, dest, workers=2))
     (dest / "a.bin").unlink()
     os.mkfifo(dest / "a.bin")
-    line = one_line(mlhpc("verify", dest))
+    line = one_line(mlhpc("verify", dest, timeout=TIMEOUT_S))
     assert str(dest / "a.bin") in line and "stage again" in line
     with pytest.raises(StagingError, match=r"a\.bin is a FIFO, not a regular file"):
         hash_file(dest / "a.bin")
@@ -117,7 +107,7 @@ def test_verify_refuses_a_fifo_in_place_of_the_sources_file(tmp_path: Path) -> N
     stage_dataset(StageRequest(src, dest, workers=2))
     (dest / SOURCES_NAME).unlink()
     os.mkfifo(dest / SOURCES_NAME)
-    proc = mlhpc("verify", dest)  # no records to judge the source by: said so, not blocked
+    proc = mlhpc("verify", dest, timeout=TIMEOUT_S)  # no records to judge the source by: said so, not blocked
     assert proc.returncode == 0 and "files verified" in proc.stdout, proc.stderr
 
 
@@ -129,7 +119,7 @@ def test_a_restage_over_a_fifo_journal_or_marker(tmp_path: Path) -> None:
     os.mkfifo(dest / f"{JOURNAL_PREFIX}0123456789ab.77.jsonl")
     (dest / MANIFEST_NAME).unlink()
     os.mkfifo(dest / MANIFEST_NAME)
-    proc = mlhpc("stage", src, dest)
+    proc = mlhpc("stage", src, dest, timeout=TIMEOUT_S)
     assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -167,8 +157,8 @@ def test_a_manifest_with_deep_nesting_or_huge_numbers_is_one_line(tmp_path: Path
         '{"algorithm": "xxh3_128", "files": [{"path": "a.bin", "size": 1e400, "checksum": "x"}]}',
     ):
         (src / MANIFEST_NAME).write_text(text)
-        line = one_line(mlhpc("stage", src, tmp_path / "dest"))
+        line = one_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
         assert f"{src / MANIFEST_NAME}: " in line, line
         assert "nested more than" in line or "out of range" in line, line
     (src / MANIFEST_NAME).write_text(json.dumps({"algorithm": "xxh3_128", "files": [["a.bin", 100, "x"]]}))
-    assert "malformed manifest" in one_line(mlhpc("stage", src, tmp_path / "dest"))
+    assert "malformed manifest" in one_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))

@@ -9,8 +9,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -30,18 +28,8 @@ from mlhpc.staging import (
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
 from mlhpc.staging.destination import STAGING_OWNED, run_tokens, space_shortfall
 from mlhpc.staging.origin import RACY_NS
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import mlhpc
 from tests.helpers.datasets import dataset_files
-
-
-def mlhpc(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=120,
-    )
 
 
 def source(root: Path) -> Path:
