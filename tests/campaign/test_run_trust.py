@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from mlhpc.generation import DATASET_COMPLETE, DATASET_GENERATING
 from mlhpc.staging.localdir import STAGE_OWNER, claim_stage_dir, remove_stale_stage_dirs
 from mlhpc.system_desc import merge_system_json
 from tests.helpers.cli import cli_env
-from tests.helpers.processes import ctrl_c_as_at_a_terminal
+from tests.helpers.processes import ctrl_c_as_at_a_terminal, wait_for
 
 RESULTS = "mlhpc/results/ci/strong/cosmoflow"
 SYSTEM_JSON = "mlhpc/systems/ci.json"
@@ -55,14 +54,6 @@ def run(args: list[str], root: Path, timeout: float = 300) -> subprocess.Complet
     proc = start(args, root)
     stdout, stderr = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-
-
-def wait_for(what: str, found: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not found():
-        assert proc.poll() is None, (what, proc.communicate())
-        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
-        time.sleep(0.01)
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -215,7 +206,7 @@ def test_an_index_run_waits_for_outs_lock_then_plans(tmp_path: Path) -> None:
 def test_a_second_campaign_into_one_out_is_refused_at_once(tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = start(run_args(tmp_path, "--first-seed", "20"), tmp_path)
-    wait_for("lock held by the first campaign", lambda: holder_pid(out) == first.pid, first)
+    wait_for(lambda: holder_pid(out) == first.pid, "lock held by the first campaign", 300, first)
     os.kill(first.pid, signal.SIGSTOP)  # held mid-campaign, however fast this machine is
     try:
         started = time.monotonic()
@@ -240,7 +231,7 @@ def test_a_second_resume_does_not_delete_the_first_ones_run(tmp_path: Path) -> N
     done = run(run_args(tmp_path, "--first-seed", "50"), tmp_path)
     assert done.returncode == 0, done.stderr
     first = start(run_args(tmp_path, "--resume", seeds=2), tmp_path)
-    wait_for("first resume's log in progress", lambda: any(results.glob(".result_1.txt.*.tmp")), first)
+    wait_for(lambda: any(results.glob(".result_1.txt.*.tmp")), "first resume's log in progress", 300, first)
     os.kill(first.pid, signal.SIGSTOP)
     try:
         (in_progress,) = results.glob(".result_1.txt.*.tmp")
@@ -309,7 +300,7 @@ def test_only_folders_of_gone_owners_on_this_host_are_removed(tmp_path: Path) ->
 def test_a_sigkilled_runs_staging_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
     local = tmp_path / "local"
     killed = start(run_args(tmp_path, "--first-seed", "70", config=LONGER), tmp_path)
-    wait_for("staging folder", lambda: any(local.glob(f"mlhpc-stage-*/{STAGE_OWNER}")), killed)
+    wait_for(lambda: any(local.glob(f"mlhpc-stage-*/{STAGE_OWNER}")), "staging folder", 300, killed)
     time.sleep(random.Random(8).uniform(0.0, 0.5))  # a seeded point after staging started
     assert killed.poll() is None, "the run ended before it could be killed; make LONGER longer"
     os.killpg(killed.pid, signal.SIGKILL)
@@ -337,7 +328,7 @@ def test_a_stopped_run_exits_with_its_signals_code_and_leaves_no_staging_folder(
     """SIGTERM is what Slurm sends at the time limit; SIGINT what a terminal's Ctrl-C sends to the group."""
     local = tmp_path / "local"
     proc = start(run_args(tmp_path, "--first-seed", str(seed), config=LONGER), tmp_path)
-    wait_for("staging folder", lambda: any(local.glob(f"mlhpc-stage-*/{STAGE_OWNER}")), proc)
+    wait_for(lambda: any(local.glob(f"mlhpc-stage-*/{STAGE_OWNER}")), "staging folder", 300, proc)
     time.sleep(random.Random(seed).uniform(0.0, 0.5))  # a seeded point after staging started
     assert proc.poll() is None, "the run ended before it could be stopped; make LONGER longer"
     os.killpg(proc.pid, stop)

@@ -7,19 +7,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli import cli_env, mlhpc_cli, one_error_line
 from tests.helpers.mllog_files import write_log
-from tests.helpers.processes import ctrl_c_as_at_a_terminal
+from tests.helpers.processes import ctrl_c_as_at_a_terminal, wait_for
 
 # /sys refuses new files even to root, unlike a chmod 555 folder.
 UNWRITABLE = "/sys/mlhpc-test"
-
-
 
 
 @pytest.fixture
@@ -85,14 +82,6 @@ def test_an_oserror_anywhere_is_one_line_unless_debugging(tmp_path: Path) -> Non
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-def wait_for(pattern: str, root: Path, timeout: float = 60) -> None:
-    """Until a folder matching `pattern` under `root` holds something."""
-    deadline = time.monotonic() + timeout
-    while not any(path.is_dir() and any(path.iterdir()) for path in root.glob(pattern)):
-        assert time.monotonic() < deadline, f"{root}/{pattern} never filled"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize(
     ("sig", "code", "line"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
@@ -106,7 +95,7 @@ def test_interrupt_and_terminate_are_one_line(
         preexec_fn=ctrl_c_as_at_a_terminal,
     )  # fmt: skip
     try:
-        wait_for("d/.mlhpc-generating-*/train", tmp_path)  # generation writes there, moves up at the end
+        wait_for(lambda: any(p.is_dir() and any(p.iterdir()) for p in tmp_path.glob("d/.mlhpc-generating-*/train")), "d/.mlhpc-generating-*/train filled", 60, interval=0.05)  # generation writes there, moves up at the end
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -36,6 +36,7 @@ from mlhpc.common.cluster.liveness import LISTEN_S, STORE_TIMEOUT_S
 from scripts.vclusterlib.client import VCLUSTER, run_vcluster
 from tests.helpers.cli import cli_env
 from tests.helpers.datasets import dataset_files
+from tests.helpers.processes import wait_for
 from tests.helpers.vcluster_fixture import (
     VCluster,
     own_cluster,
@@ -183,14 +184,6 @@ def stop_times(cluster: VCluster, needle: str, since: float, bound: float) -> di
     return stopped | {node: float("inf") for node in running}
 
 
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
 def error_lines(out: Path) -> dict[str, list[str]]:
     """Each node's mlhpc error lines (torch's own [W ...] warnings left out)."""
     return {
@@ -239,7 +232,7 @@ def slurm_idle(cluster: VCluster) -> None:
             cluster.exec("login", ["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
         return not jobs and not down
 
-    wait_for(settled, 90, "Slurm to run no job and every node to be up")
+    wait_for(settled, "Slurm to run no job and every node to be up", 90, interval=0.1)
 
 
 def nothing_left(cluster: VCluster, needle: str, folders: list[Path]) -> None:
@@ -295,7 +288,7 @@ def test_a_link_cut_mid_staging_stops_every_rank_naming_the_node(
     out = work / "out"
     job = srun(cluster, list(cluster.nodes), stage_argv(dataset, dest), out)
     try:
-        wait_for(staging_started(cluster, dest, job), 90, "staging to begin")
+        wait_for(staging_started(cluster, dest, job), "staging to begin", 90, interval=0.1)
         time.sleep(0.5)
         assert job.poll() is None, finish(job)
         cut = time.monotonic()
@@ -342,7 +335,7 @@ def test_a_link_that_drops_for_two_seconds_only_slows_staging(
     out = work / "out"
     job = srun(cluster, list(cluster.nodes), stage_argv(dataset, dest), out, DROP_TIMEOUT_S)
     try:
-        wait_for(staging_started(cluster, dest, job), 90, "staging to begin")
+        wait_for(staging_started(cluster, dest, job), "staging to begin", 90, interval=0.1)
         time.sleep(0.5)
         started = time.monotonic()
         link(cluster, "node03", "down")
@@ -468,7 +461,7 @@ def test_a_node_killed_mid_training_stops_the_run_and_resume_finishes_it(
                 raise AssertionError(f"the run ended before its second epoch: {finish(job)}")
             return re.search(r"epoch +2/16 ", text_of(out / "node01.out")) is not None
 
-        wait_for(second_epoch, 180, "epoch 2 on node01")
+        wait_for(second_epoch, "epoch 2 on node01", 180, interval=0.1)
         victims = mine(cluster, str(runs)).get("node02", [])
         assert victims and job.poll() is None
         killed = time.monotonic()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -25,6 +26,24 @@ with folder_lock(Path(sys.argv[1]), "a test's hold", "let the test go on"):
 def lock_held_elsewhere(folder: Path) -> AbstractContextManager[int]:
     """`folder`'s mlhpc lock held by another process for the block; yields that process's pid."""
     return held_by_another_process(_HOLD_LOCK, str(folder))
+
+
+def wait_for(
+    condition: Callable[[], object],
+    what: str,
+    timeout: float = 60,
+    proc: subprocess.Popen[str] | None = None,
+    interval: float = 0.01,
+) -> None:
+    """Until `condition()` holds; AssertionError naming `what` after `timeout` seconds, or at once
+    (with its output) when `proc`, the process that should make it hold, has ended."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"no {what}: the process ended first", proc.communicate())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 def ctrl_c_as_at_a_terminal() -> None:

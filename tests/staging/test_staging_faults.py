@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,11 +23,9 @@ from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, build_manifest
 from tests.helpers.cli import cli_env, stage_command
 from tests.helpers.datasets import dataset_files
 from tests.helpers.mounts import tmpfs
-from tests.helpers.processes import ctrl_c_as_at_a_terminal, lock_held_elsewhere
+from tests.helpers.processes import ctrl_c_as_at_a_terminal, lock_held_elsewhere, wait_for
 
 KILL_SEED = 20261124
-
-
 
 
 def run_stage(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -63,14 +60,6 @@ def small_files(root: Path, count: int, big: int = 0) -> Path:
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About a second of staging here: long enough for kill points inside it."""
     return small_files(tmp_path_factory.mktemp("faults") / "src", 3000, big=4)
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def lock_taken(dest: Path) -> bool:
@@ -126,7 +115,7 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(tmp_path: Path) ->
         env=cli_env(),
     )
     try:
-        wait_for(lambda: lock_taken(dest) or first.poll() is not None, what="the first writer's lock")
+        wait_for(lambda: lock_taken(dest) or first.poll() is not None, "the first writer's lock", interval=0.005)
         assert first.poll() is None, first.communicate()
         second = run_stage(src, dest)  # the first holds DEST until told to go on: this must not wait
         line = error_line(second)
@@ -213,7 +202,7 @@ def test_killed_at_a_random_point_then_a_rerun_completes(
         start_new_session=True,  # its own process group, as a shell job is
         preexec_fn=ctrl_c_as_at_a_terminal,
     )
-    wait_for(lambda: lock_taken(dest) or proc.poll() is not None, what="the staging to start")
+    wait_for(lambda: lock_taken(dest) or proc.poll() is not None, "the staging to start", interval=0.005)
     time.sleep(delay)
     with contextlib.suppress(ProcessLookupError):
         if sig == signal.SIGINT:
@@ -230,7 +219,7 @@ def test_killed_at_a_random_point_then_a_rerun_completes(
     assert "Traceback" not in err and "Exception ignored" not in err, err
     if proc.returncode > 0 and sig != signal.SIGKILL:
         assert err.strip().splitlines()[-1] in ("mlhpc: interrupted", "mlhpc: terminated"), err
-    wait_for(lambda: not workers_of(proc.pid), timeout=10, what="the copy workers to go")
+    wait_for(lambda: not workers_of(proc.pid), "the copy workers to go", 10, interval=0.005)
     if finished:  # a marker is a promise: the copy verifies
         assert run_stage("--verify", dest).returncode == 0
     else:
@@ -338,8 +327,6 @@ def test_permission_denied_on_dest_or_source_is_one_line(tmp_path: Path) -> None
     (src / "d1").chmod(0o000)
     line = error_line(run_stage_as_a_user(src, tmp_path / "dest2"))
     assert "Permission denied" in line and str(src / "d1") in line
-
-
 
 
 def test_a_full_disk_is_one_line_naming_dest_and_the_fix(tmp_path: Path) -> None:
