@@ -29,23 +29,15 @@ from mlhpc.common.safeio.writable import (
     remove_marked_dir,
 )
 from mlhpc.staging.study import dataset
+from tests.helpers.datasets import tree
 
 DATA = Path(__file__).parents[1] / "data"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def tree(*roots: Path) -> dict[str, bytes | None]:
-    """Every path under `roots` with its bytes (None for a folder, the target for a link)."""
-    seen: dict[str, bytes | None] = {}
-    for root in roots:
-        for path in sorted([root, *root.rglob("*")]):
-            if path.is_symlink():
-                seen[str(path)] = os.readlink(path).encode()
-            elif path.is_dir():
-                seen[str(path)] = None
-            else:
-                seen[str(path)] = path.read_bytes()
-    return seen
+def trees(*roots: Path) -> dict[str, object]:
+    """Each root (a folder, a file or a link) with everything under it, folders included."""
+    return {str(root): tree(root, folders=True) for root in roots}
 
 
 # ---------------------------------------------------------------- the CLI's output options
@@ -269,14 +261,14 @@ def test_an_output_on_an_input_is_one_line_and_leaves_the_input_alone(
     if key in NOT_YET:
         request.applymarker(pytest.mark.xfail(reason=NOT_YET[key], strict=False))
     case = OUTPUTS[key]
-    before = tree(*inputs.all())
+    before = trees(*inputs.all())
     for target in case.targets(inputs):
         code = main(case.argv(inputs, str(target)))
         err = capsys.readouterr().err
         assert code == 2, f"{key} {target}: exit {code}"
         assert err.count("\n") == 1 and err.startswith("mlhpc: error: "), err
         assert case.names in err, err
-        assert tree(*inputs.all()) == before, f"{key} {target} changed an input"
+        assert trees(*inputs.all()) == before, f"{key} {target} changed an input"
 
 
 # ---------------------------------------------------------------- the guard, against random paths
@@ -330,7 +322,7 @@ def test_the_guard_allows_only_writes_that_leave_the_input_alone(base: str, tail
         root = Path(name)
         inp = hostile_tree(root)
         output = root.joinpath(base, *tail)
-        before = tree(inp)
+        before = trees(inp)
         try:
             where = refuse_output_over_inputs(output, [inp], "--plot", suffixes=(".png",))
         except ConfigError as refusal:
@@ -347,7 +339,7 @@ def test_the_guard_allows_only_writes_that_leave_the_input_alone(base: str, tail
         # allowed: the write really leaves every byte of the input as it was
         with contextlib.suppress(OSError):  # e.g. a parent that is a file: the write fails
             atomic_write_bytes(where, b"\x89PNG new")
-        assert tree(inp) == before
+        assert trees(inp) == before
         if not tail or ".." not in tail:  # a path that stays below an input base is never allowed
             assert not base.startswith(("input", "link-to-", "dangling")), output
 
@@ -456,7 +448,7 @@ def test_a_file_output_never_replaces_another_commands_record(
     key: tuple[str, str], inputs: Inputs, capsys: pytest.CaptureFixture[str]
 ) -> None:
     records = foreign_records(inputs.root)
-    before = tree(inputs.root / "other")
+    before = trees(inputs.root / "other")
     for name, target in records.items():
         if OWN.get(key) == name:
             continue
@@ -464,7 +456,7 @@ def test_a_file_output_never_replaces_another_commands_record(
         err = capsys.readouterr().err
         assert code == 2, f"{key} over {name}: exit {code}"
         assert err.count("\n") == 1 and err.startswith("mlhpc: error: "), err
-        assert tree(inputs.root / "other") == before, f"{key} replaced {name}"
+        assert trees(inputs.root / "other") == before, f"{key} replaced {name}"
 
 
 @pytest.mark.parametrize("key", [("check", "--report"), ("results compare", "--report")], ids=" ".join)
@@ -478,9 +470,9 @@ def test_a_page_output_never_replaces_a_foreign_index_html(
         if key == ("check", "--report") and name == "page.html":
             continue  # check's own page: replaced by design
         shutil.copy(records[name], site / "index.html")
-        before = tree(site)
+        before = trees(site)
         code = main(OUTPUTS[key].argv(inputs, str(site)))
         err = capsys.readouterr().err
         assert code == 2, f"{key} over index.html={name}: exit {code}"
         assert "index.html" in err and err.count("\n") == 1, err
-        assert tree(site) == before
+        assert trees(site) == before

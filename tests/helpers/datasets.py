@@ -1,7 +1,9 @@
-"""A dataset folder's files read back for comparison."""
+"""A dataset folder's files, or any folder's whole tree, read back for comparison."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -12,3 +14,29 @@ def dataset_files(root: Path) -> dict[str, bytes]:
         for p in root.rglob("*")
         if p.is_file() and not p.name.startswith(".") and p.name != "mlhpc_manifest.json"
     }
+
+
+def tree(root: Path, *, folders: bool = False, skip: Collection[str] = ()) -> dict[str, bytes | str | None]:
+    """Everything under `root` by relative path, what a test compares before and after to show
+    nothing changed: a file's bytes, a link's target (a str; never followed), and with `folders`
+    each folder as None; names in `skip` left out. A `root` that is a file or a link is the one
+    entry "" (its bytes or its target)."""
+    if root.is_symlink():
+        return {"": os.readlink(root)}
+    if root.is_file():
+        return {"": root.read_bytes()}
+    found: dict[str, bytes | str | None] = {}
+    for folder, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            path = Path(folder, name)
+            if name in skip:
+                continue
+            relative = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                found[relative] = os.readlink(path)
+            elif path.is_dir():
+                if folders:
+                    found[relative] = None
+            elif path.is_file():
+                found[relative] = path.read_bytes()
+    return dict(sorted(found.items()))

@@ -15,6 +15,7 @@ import pytest
 from mlhpc.cli import main
 from mlhpc.staging.comm import CallbackComm
 from mlhpc.staging.study import baselines, clock, dataset, rank_groups, raw
+from tests.helpers.datasets import tree
 
 COPIES = ("cp", "tar", "mlhpc")  # staged data to read once; the raw disk measures stage nothing
 
@@ -256,21 +257,16 @@ def test_help_has_an_example_and_the_model_prints(capsys: pytest.CaptureFixture[
     assert table.startswith("| dataset | mode | 1 node | 16 nodes |") and "DeepCAM" in table
 
 
-def tree(root: Path) -> dict[str, bytes | None]:
-    """Every path under `root` with its bytes (None for a folder)."""
-    return {p.relative_to(root).as_posix(): (None if p.is_dir() else p.read_bytes()) for p in root.rglob("*")}
-
-
 def test_folders_of_the_users_named_like_the_studys_are_left_alone(tmp_path: Path) -> None:
     """The study once removed --local-dir's dest and raw-write and the whole --out/scratch."""
     local, out = tmp_path / "local", tmp_path / "out"
     for folder in (local / "dest", local / "raw-write", out / "scratch", out / "scratch" / "data-64k"):
         folder.mkdir(parents=True)
         (folder / "keep.txt").write_bytes(b"a user's file\n")
-    before_local, before_out = tree(local), tree(out)
+    before_local, before_out = tree(local, folders=True), tree(out, folders=True)
     run_bench(out, "--workers", "2", "--ranks", "1", "--file-kib", "64", "--local-dir", str(local))
-    assert tree(local) == before_local
-    after = tree(out)
+    assert tree(local, folders=True) == before_local
+    after = tree(out, folders=True)
     assert {k: v for k, v in after.items() if not k.startswith("stage_bench.")} == before_out
 
 
@@ -286,7 +282,7 @@ def test_a_scratch_folder_that_is_not_a_study_dataset_is_refused(
     )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "data-64k exists and is not a dataset the study made" in err
-    assert tree(scratch) == {"data-64k": None, "data-64k/mine.bin": b"x"}
+    assert tree(scratch, folders=True) == {"data-64k": None, "data-64k/mine.bin": b"x"}
     assert [p.name for p in scratch.iterdir()] == ["data-64k"]  # its own work folder removed
 
 
@@ -296,13 +292,13 @@ def test_an_output_inside_the_data_is_refused_before_measuring(
 ) -> None:
     data = tmp_path / "data"
     dataset.make_dataset(data, 256 << 10, 64 << 10)
-    before = tree(data)
+    before = tree(data, folders=True)
     outputs = {"--out": str(tmp_path / "out"), option: str(data / "inside")}
     argv = ["stage-bench", "--data", str(data), *(w for pair in outputs.items() for w in pair)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{option} {data / 'inside'} is inside the input {data}" in err
-    assert tree(data) == before
+    assert tree(data, folders=True) == before
 
 
 def test_the_cache_is_dropped_once_per_dataset_and_the_source_evicted_per_step(

@@ -12,6 +12,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio.datasets import DATASET_COMPLETE
 from mlhpc.staging import StageRequest, stage_dataset, verify_staged
 from mlhpc.staging.destination import STAGING_OWNED
+from tests.helpers.datasets import tree
 
 
 def make_source(root: Path) -> Path:
@@ -19,10 +20,6 @@ def make_source(root: Path) -> Path:
     (root / "a.bin").write_bytes(b"a" * 100)
     (root / "sub" / "b.bin").write_bytes(b"b" * 50)
     return root
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.parametrize("users_file", ["notes.txt", "sub/notes.txt", "new/a.bin"])

@@ -15,20 +15,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, StageRequest, build_manifest, stage_dataset
 from mlhpc.staging.journal import JOURNAL_PREFIX, read_journals
 from mlhpc.staging.manifest import Manifest, hash_file, list_dataset_files, scan_dataset
-
-
-def tree(root: Path) -> dict[str, bytes | str]:
-    """Every file (its bytes) and symlink (its target) under `root`, by relative path."""
-    found: dict[str, bytes | str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath, name)
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                found[rel] = os.readlink(path)
-            elif path.is_file():
-                found[rel] = path.read_bytes()
-    return found
+from tests.helpers.datasets import tree
 
 
 @pytest.fixture
