@@ -4,7 +4,6 @@ Ctrl-C); hand-damaged HDF5 in a DeepCAM dataset is one line naming the file, nev
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import random
 import shutil
@@ -34,6 +33,7 @@ from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import DataError
 from mlhpc.common.safeio.datasets import open_h5, open_sample
 from tests.helpers.cli import cli_env
+from tests.helpers.processes import no_hang
 
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -89,17 +89,6 @@ def fresh_copy(src: Path) -> Iterator[Path]:
         yield Path(shutil.copytree(src, scratch / "data"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-@contextmanager
-def no_hang(seconds: float = 60) -> Iterator[None]:
-    """Ends the whole test process, with every thread's stack, if the block blocks (a FIFO opened
-    under h5py holds the GIL: no Python-level timeout could fire)."""
-    faulthandler.dump_traceback_later(seconds, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
 
 
 def _validates(name: str) -> Callable[[Path], None]:

@@ -6,14 +6,12 @@ by `mlhpc manifest` and by `mlhpc run`, before any byte outside the file is read
 from __future__ import annotations
 
 import ast
-import faulthandler
 import os
 import shutil
 import string
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ from mlhpc.common.safeio.datasets import MAX_H5_LINKS, open_h5
 from mlhpc.staging import build_manifest
 from mlhpc.staging.manifest import MANIFEST_NAME
 from tests.helpers.cli import mlhpc
+from tests.helpers.processes import no_hang
 
 REPO = Path(__file__).resolve().parents[2]
 # a batch the 4 samples hold: mlhpc run refuses a batch an epoch cannot fill before any read
@@ -65,17 +64,6 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "deepcam": deepcam.generate(DEEPCAM, tmp_path_factory.mktemp("deepcam") / "data", seed=3),
         "extreme_weather": weather.generate(WEATHER, tmp_path_factory.mktemp("weather") / "data", seed=3),
     }
-
-
-@contextmanager
-def no_hang(seconds: float = 60) -> Iterator[None]:
-    """Ends the test process with every thread's stack if the block blocks: a FIFO read under
-    h5py holds the GIL, so no Python-level timeout could fire (a regression fails, never hangs)."""
-    faulthandler.dump_traceback_later(seconds, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
 
 
 # ---------------------------------------------------------------- the plants

@@ -3,6 +3,7 @@ child a test Ctrl-C's must be started."""
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import subprocess
 import sys
@@ -44,6 +45,17 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+@contextmanager
+def no_hang(seconds: float = 60) -> Iterator[None]:
+    """Ends the test process with every thread's stack if the block blocks: a FIFO read under
+    h5py holds the GIL, so no Python-level timeout could fire (a regression fails, never hangs)."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def ctrl_c_as_at_a_terminal() -> None:

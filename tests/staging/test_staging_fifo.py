@@ -25,16 +25,10 @@ from mlhpc.staging import (
     verify_staged,
 )
 from mlhpc.staging.manifest import hash_file
-from tests.helpers.cli import cli_env, mlhpc
+from tests.helpers.cli import cli_env, mlhpc, one_error_line
 
 TIMEOUT_S = 60
 """Far more than any of these takes; a FIFO that blocked would run into it."""
-
-
-def one_line(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("mlhpc: error: "), proc.stderr
-    return lines[0]
 
 
 def source(root: Path) -> Path:
@@ -48,10 +42,10 @@ def source(root: Path) -> Path:
 def test_manifest_and_stage_refuse_a_fifo_in_src(tmp_path: Path, where: str) -> None:
     src = source(tmp_path / "src")
     os.mkfifo(src / where)
-    line = one_line(mlhpc("manifest", src, timeout=TIMEOUT_S))
+    line = one_error_line(mlhpc("manifest", src, timeout=TIMEOUT_S))
     assert f"{src / where} is a FIFO, not a regular file" in line and "move it out of the dataset" in line
     assert not (src / MANIFEST_NAME).exists()
-    line = one_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
+    line = one_error_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
     assert f"{src / where} is a FIFO, not a regular file" in line
     assert not (tmp_path / "dest" / STAGED_MARKER).exists()
 
@@ -77,7 +71,7 @@ def test_a_manifest_that_names_a_fifo_is_refused_by_stage(tmp_path: Path) -> Non
     build_manifest(src).write(src / MANIFEST_NAME)
     (src / "a.bin").unlink()
     os.mkfifo(src / "a.bin")
-    line = one_line(mlhpc("stage", src, tmp_path / "dest", "--processes", "2", timeout=TIMEOUT_S))
+    line = one_error_line(mlhpc("stage", src, tmp_path / "dest", "--processes", "2", timeout=TIMEOUT_S))
     assert f"{src / 'a.bin'} is a FIFO, not a regular file" in line
 
 
@@ -92,7 +86,7 @@ def test_verify_refuses_a_fifo_in_place_of_a_staged_file(tmp_path: Path) -> None
     stage_dataset(StageRequest(src, dest, workers=2))
     (dest / "a.bin").unlink()
     os.mkfifo(dest / "a.bin")
-    line = one_line(mlhpc("verify", dest, timeout=TIMEOUT_S))
+    line = one_error_line(mlhpc("verify", dest, timeout=TIMEOUT_S))
     assert str(dest / "a.bin") in line and "stage again" in line
     with pytest.raises(StagingError, match=r"a\.bin is a FIFO, not a regular file"):
         hash_file(dest / "a.bin")
@@ -157,8 +151,8 @@ def test_a_manifest_with_deep_nesting_or_huge_numbers_is_one_line(tmp_path: Path
         '{"algorithm": "xxh3_128", "files": [{"path": "a.bin", "size": 1e400, "checksum": "x"}]}',
     ):
         (src / MANIFEST_NAME).write_text(text)
-        line = one_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
+        line = one_error_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
         assert f"{src / MANIFEST_NAME}: " in line, line
         assert "nested more than" in line or "out of range" in line, line
     (src / MANIFEST_NAME).write_text(json.dumps({"algorithm": "xxh3_128", "files": [["a.bin", 100, "x"]]}))
-    assert "malformed manifest" in one_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
+    assert "malformed manifest" in one_error_line(mlhpc("stage", src, tmp_path / "dest", timeout=TIMEOUT_S))
