@@ -17,7 +17,7 @@ from mlhpc.campaign import machine
 from mlhpc.campaign.options import check_instances
 from mlhpc.campaign.slurm_graph import JobTools, SlurmResources
 from mlhpc.common.errors import ConfigError
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import cli_env, mlhpc
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,18 +47,6 @@ def recording(tmp_path: Path, refuse_after: int | None = None) -> tuple[dict[str
     return {"PATH": f"{bin_dir}:{cli_env()['PATH']}"}, calls, cancels
 
 
-def cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        env=cli_env(**env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 RUN = ("run", "cosmoflow", "--seeds", "2", "--first-seed", "9", "--slurm")
 
 
@@ -76,8 +64,8 @@ def test_the_dry_run_refuses_what_the_submission_refuses(
     tmp_path: Path, extra: list[str], named: str
 ) -> None:
     env, calls, _ = recording(tmp_path)
-    dry = cli(*RUN, "--dry-run", *extra, cwd=tmp_path, env=env)
-    real = cli(*RUN, *extra, cwd=tmp_path, env=env)
+    dry = mlhpc(*RUN, "--dry-run", *extra, cwd=tmp_path, **env)
+    real = mlhpc(*RUN, *extra, cwd=tmp_path, **env)
     for proc in (dry, real):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()
@@ -89,7 +77,7 @@ def test_the_dry_run_refuses_what_the_submission_refuses(
 
 def test_a_percent_in_out_reaches_sbatch_as_a_literal_percent(tmp_path: Path) -> None:
     env, calls, _ = recording(tmp_path)
-    proc = cli(*RUN, "--out", "runs%u", cwd=tmp_path, env=env)
+    proc = mlhpc(*RUN, "--out", "runs%u", cwd=tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
     out = (tmp_path / "runs%u").resolve()
     scripts = sorted(tmp_path.glob("script_*.txt"))
@@ -102,7 +90,7 @@ def test_a_percent_in_out_reaches_sbatch_as_a_literal_percent(tmp_path: Path) ->
 
 def test_a_refused_sbatch_exits_non_zero_and_cancels_what_it_queued(tmp_path: Path) -> None:
     env, _, cancels = recording(tmp_path, refuse_after=2)
-    proc = cli(*RUN, "--out", "runs", cwd=tmp_path, env=env)
+    proc = mlhpc(*RUN, "--out", "runs", cwd=tmp_path, **env)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "Invalid partition" in line and "cancelled the jobs submitted before it (41 42)" in line
@@ -156,7 +144,7 @@ def test_a_seed_job_runs_with_a_python_whose_path_has_a_space(tmp_path: Path) ->
 
 
 def test_instances_beyond_the_machine_are_refused_by_the_dry_run(tmp_path: Path) -> None:
-    proc = cli("run", "cosmoflow", "--instances", "10000", "--out", "runs", "--dry-run", cwd=tmp_path, env={})
+    proc = mlhpc("run", "cosmoflow", "--instances", "10000", "--out", "runs", "--dry-run", cwd=tmp_path)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "--instances 10000" in line and "this machine holds" in line and "pass --instances" in line

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import get_args, get_type_hints
 
@@ -20,7 +18,7 @@ from mlhpc.cli import build_parser
 from mlhpc.common import vocabulary
 from mlhpc.common.errors import ConfigError
 from mlhpc.submission_checker.logparse import LogSniff
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import mlhpc
 
 
 def parse(argv: list[str]) -> RunOptions:
@@ -128,18 +126,6 @@ def test_the_staging_rule_is_the_checkers() -> None:
     assert vocabulary.DEFAULT_RULESET == "3.0.0" == vocabulary.RULESETS[-1]
 
 
-def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        cwd=cwd,
-        env=cli_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def seed_job_options(stdout: str, index: int) -> RunOptions:
     """The options the printed seed_<index>.sbatch runs (its `exec bash run_and_time.sh ...` line)."""
     script = stdout.split(f"seed_{index}.sbatch\n", 1)[1].split("\n### ", 1)[0]
@@ -152,7 +138,7 @@ def test_every_flag_survives_the_trip_to_a_slurm_seed_job(tmp_path: Path) -> Non
     """The issue's reproduction: --power and --mllog-stdout were dropped on the way."""
     flags = ["--power", "--mllog-stdout", "--staging", "before", "--durable", "--io", "buffered"]
     flags += ["--clear-cache", "--backend", "gloo", "--device", "cpu", "--division", "open"]
-    proc = cli(
+    proc = mlhpc(
         "run", "cosmoflow", "--config", "mini", "--seeds", "2", "--out", "X", "--slurm", "--dry-run",
         *flags, "--local-dir", "nl", "loop.max_epochs=3", cwd=tmp_path,
     )  # fmt: skip
@@ -168,7 +154,7 @@ def test_every_flag_survives_the_trip_to_a_slurm_seed_job(tmp_path: Path) -> Non
 
 
 def test_the_login_node_refuses_what_a_seed_job_would(tmp_path: Path) -> None:
-    proc = cli(
+    proc = mlhpc(
         "run", "cosmoflow", "--out", "X", "--slurm", "--staging", "before", "--ruleset", "2.0.0",
         cwd=tmp_path, PATH=f"{tmp_path}:/usr/bin:/bin",
     )  # fmt: skip
@@ -182,6 +168,6 @@ def test_the_login_node_refuses_staging_before_under_a_recorded_ruleset(tmp_path
     (tmp_path / "X" / "campaign.json").write_text(
         '{"mlhpc_campaign": 1, "settings": {"submitter": "mlhpc", "ruleset": "2.0.0"}, "entries": {}}'
     )
-    proc = cli("run", "cosmoflow", "--out", "X", "--slurm", "--dry-run", "--staging", "before", cwd=tmp_path)
+    proc = mlhpc("run", "cosmoflow", "--out", "X", "--slurm", "--dry-run", "--staging", "before", cwd=tmp_path)
     assert proc.returncode == 2 and "ruleset 2.0.0" in proc.stderr, proc.stderr
     assert "### " not in proc.stdout

@@ -22,7 +22,7 @@ from mlhpc.campaign.slurm import absolute, slurm_request, submit
 from mlhpc.campaign.slurm_graph import JobTools, SlurmGraph, SlurmJob, SlurmResources, build_graph, seed_argv
 from mlhpc.cli import build_parser
 from mlhpc.common.errors import ConfigError, SubmissionError
-from tests.helpers.cli import cli_env
+from tests.helpers.cli import cli_env, mlhpc
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = JobTools(run_and_time=REPO / "run_and_time.sh", mlhpc_cmd=(sys.executable, "-m", "mlhpc"))
@@ -350,21 +350,9 @@ def test_submit_reports_an_sbatch_failure(tmp_path: Path, monkeypatch: pytest.Mo
         submit(graph(tmp_path)[0])
 
 
-def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mlhpc", *args],
-        env=cli_env(**env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_cli_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
     args = ["run", "cosmoflow", "--slurm", "--dry-run", "--seeds", "2", "--first-seed", "9", "--out", "runs"]
-    proc = cli(*args, "--slurm-nodes", "2", "--sbatch-arg=--account=abc", "loop.max_epochs=20", cwd=tmp_path)
+    proc = mlhpc(*args, "--slurm-nodes", "2", "--sbatch-arg=--account=abc", "loop.max_epochs=20", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "runs"
     assert f"### {out}/slurm/seed_1.sbatch" in proc.stdout
@@ -384,7 +372,7 @@ def test_cli_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
     ],
 )
 def test_cli_refuses_what_it_cannot_submit(tmp_path: Path, extra: list[str], message: str) -> None:
-    proc = cli("run", "cosmoflow", "--out", "runs", *extra, cwd=tmp_path)
+    proc = mlhpc("run", "cosmoflow", "--out", "runs", *extra, cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
@@ -423,7 +411,7 @@ def test_a_typo_fails_on_the_login_node_before_any_sbatch(
     tmp_path: Path, extra: list[str], message: str
 ) -> None:
     env, calls = fake_sbatch(tmp_path)
-    proc = cli("run", *extra, "--slurm", "--out", "runs", cwd=tmp_path, **env)
+    proc = mlhpc("run", *extra, "--slurm", "--out", "runs", cwd=tmp_path, **env)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert not calls.exists() and not (tmp_path / "runs" / "slurm").exists()
@@ -431,7 +419,7 @@ def test_a_typo_fails_on_the_login_node_before_any_sbatch(
 
 def test_slurm_submission_records_the_campaign_and_refuses_a_second_or_a_changed_one(tmp_path: Path) -> None:
     env, calls = fake_sbatch(tmp_path)
-    first = cli(
+    first = mlhpc(
         "run", "cosmoflow", "--slurm", "--seeds", "2", "--out", "runs", "--system", "s", cwd=tmp_path, **env
     )
     assert first.returncode == 0, first.stderr
@@ -441,21 +429,21 @@ def test_slurm_submission_records_the_campaign_and_refuses_a_second_or_a_changed
     submitted = calls.read_text().count("\n")
     assert submitted == 4  # data, two seeds, check
 
-    again = cli("run", "cosmoflow", "--slurm", "--seeds", "2", "--out", "runs", cwd=tmp_path, **env)
+    again = mlhpc("run", "cosmoflow", "--slurm", "--seeds", "2", "--out", "runs", cwd=tmp_path, **env)
     assert again.returncode == 2 and "pass --resume" in again.stderr, again.stderr
-    changed = cli(
+    changed = mlhpc(
         "run", "cosmoflow", "--slurm", "--resume", "--out", "runs", "loop.max_epochs=3", cwd=tmp_path, **env
     )
     assert changed.returncode == 2 and "pass the same --config and overrides" in changed.stderr, (
         changed.stderr
     )
-    other = cli(
+    other = mlhpc(
         "run", "cosmoflow", "--slurm", "--resume", "--out", "runs", "--system", "t", cwd=tmp_path, **env
     )
     assert other.returncode == 2 and "one --out holds one system" in other.stderr, other.stderr
     assert calls.read_text().count("\n") == submitted  # none of them reached sbatch
 
-    resumed = cli(
+    resumed = mlhpc(
         "run", "cosmoflow", "--slurm", "--resume", "--seeds", "2", "--out", "runs", cwd=tmp_path, **env
     )
     assert resumed.returncode == 0, resumed.stderr
@@ -469,6 +457,6 @@ def test_a_second_submission_into_a_busy_out_is_refused(tmp_path: Path) -> None:
     env, calls = fake_sbatch(tmp_path)
     out = tmp_path / "runs"
     with lock_held_elsewhere(out):
-        proc = cli("run", "cosmoflow", "--slurm", "--out", str(out), cwd=tmp_path, **env)
+        proc = mlhpc("run", "cosmoflow", "--slurm", "--out", str(out), cwd=tmp_path, **env)
     assert proc.returncode == 2 and "in use by" in proc.stderr, proc.stderr
     assert not calls.exists()

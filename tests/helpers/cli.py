@@ -67,7 +67,7 @@ def mlhpc_cli(
     )
 
 
-def mlhpc(*args: str | Path, cwd: Path | None = None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+def mlhpc(*args: str | Path, cwd: Path | None = None, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
     """`python -m mlhpc ARGS` to its end in a subprocess, output captured, in the test environment
     (`cli_env` with `env`); `mlhpc_cli` runs one in a folder of its own, staging under it."""
     return subprocess.run(
