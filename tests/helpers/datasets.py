@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Collection
 from pathlib import Path
+
+from mlhpc.staging.origin import RACY_NS
 
 
 def dataset_files(root: Path) -> dict[str, bytes]:
@@ -40,3 +43,14 @@ def tree(root: Path, *, folders: bool = False, skip: Collection[str] = ()) -> di
             elif path.is_file():
                 found[relative] = path.read_bytes()
     return dict(sorted(found.items()))
+
+
+def two_file_source(root: Path, *, settled: bool = False) -> Path:
+    """A source folder of two files, `a.bin` and `sub/b.bin`; `settled`: old enough that a
+    staging records their identity (a file changed within RACY_NS is copied again on a rerun)."""
+    (root / "sub").mkdir(parents=True)
+    (root / "a.bin").write_bytes(b"a" * 100)
+    (root / "sub" / "b.bin").write_bytes(b"b" * 50)
+    if settled:
+        time.sleep(2 * RACY_NS / 1e9)
+    return root

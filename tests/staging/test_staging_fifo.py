@@ -26,21 +26,15 @@ from mlhpc.staging import (
 )
 from mlhpc.staging.manifest import hash_file
 from tests.helpers.cli import cli_env, mlhpc, one_error_line
+from tests.helpers.datasets import two_file_source
 
 TIMEOUT_S = 60
 """Far more than any of these takes; a FIFO that blocked would run into it."""
 
 
-def source(root: Path) -> Path:
-    (root / "sub").mkdir(parents=True)
-    (root / "a.bin").write_bytes(b"a" * 100)
-    (root / "sub" / "b.bin").write_bytes(b"b" * 50)
-    return root
-
-
 @pytest.mark.parametrize("where", ["fifo.bin", "sub/fifo.bin"])
 def test_manifest_and_stage_refuse_a_fifo_in_src(tmp_path: Path, where: str) -> None:
-    src = source(tmp_path / "src")
+    src = two_file_source(tmp_path / "src")
     os.mkfifo(src / where)
     line = one_error_line(mlhpc("manifest", src, timeout=TIMEOUT_S))
     assert f"{src / where} is a FIFO, not a regular file" in line and "move it out of the dataset" in line
@@ -53,7 +47,7 @@ def test_manifest_and_stage_refuse_a_fifo_in_src(tmp_path: Path, where: str) -> 
 def test_a_link_to_a_fifo_and_a_socket_are_refused(tmp_path: Path) -> None:
     import socket
 
-    src = source(tmp_path / "src")
+    src = two_file_source(tmp_path / "src")
     os.mkfifo(tmp_path / "outside-fifo")
     (src / "link.bin").symlink_to(tmp_path / "outside-fifo")
     with pytest.raises(StagingError, match=r"link\.bin is a FIFO, not a regular file"):
@@ -67,7 +61,7 @@ def test_a_link_to_a_fifo_and_a_socket_are_refused(tmp_path: Path) -> None:
 
 def test_a_manifest_that_names_a_fifo_is_refused_by_stage(tmp_path: Path) -> None:
     """With a manifest nothing is listed: the copy itself judges the file before reading it."""
-    src = source(tmp_path / "src")
+    src = two_file_source(tmp_path / "src")
     build_manifest(src).write(src / MANIFEST_NAME)
     (src / "a.bin").unlink()
     os.mkfifo(src / "a.bin")
@@ -76,13 +70,13 @@ def test_a_manifest_that_names_a_fifo_is_refused_by_stage(tmp_path: Path) -> Non
 
 
 def test_a_fifo_in_place_of_the_manifest_or_a_sidecar(tmp_path: Path) -> None:
-    src = source(tmp_path / "src")
+    src = two_file_source(tmp_path / "src")
     os.mkfifo(src / MANIFEST_NAME)  # not a file: the source is listed instead, never blocked on
     assert stage_dataset(StageRequest(src, tmp_path / "dest", workers=2)).files == 2
 
 
 def test_verify_refuses_a_fifo_in_place_of_a_staged_file(tmp_path: Path) -> None:
-    src, dest = source(tmp_path / "src"), tmp_path / "dest"
+    src, dest = two_file_source(tmp_path / "src"), tmp_path / "dest"
     stage_dataset(StageRequest(src, dest, workers=2))
     (dest / "a.bin").unlink()
     os.mkfifo(dest / "a.bin")
@@ -97,7 +91,7 @@ def test_verify_refuses_a_fifo_in_place_of_a_staged_file(tmp_path: Path) -> None
 def test_verify_refuses_a_fifo_in_place_of_the_sources_file(tmp_path: Path) -> None:
     from mlhpc.staging.journal import SOURCES_NAME
 
-    src, dest = source(tmp_path / "src"), tmp_path / "dest"
+    src, dest = two_file_source(tmp_path / "src"), tmp_path / "dest"
     stage_dataset(StageRequest(src, dest, workers=2))
     (dest / SOURCES_NAME).unlink()
     os.mkfifo(dest / SOURCES_NAME)
@@ -108,7 +102,7 @@ def test_verify_refuses_a_fifo_in_place_of_the_sources_file(tmp_path: Path) -> N
 def test_a_restage_over_a_fifo_journal_or_marker(tmp_path: Path) -> None:
     from mlhpc.staging.journal import JOURNAL_PREFIX
 
-    src, dest = source(tmp_path / "src"), tmp_path / "dest"
+    src, dest = two_file_source(tmp_path / "src"), tmp_path / "dest"
     stage_dataset(StageRequest(src, dest, workers=2))
     os.mkfifo(dest / f"{JOURNAL_PREFIX}0123456789ab.77.jsonl")
     (dest / MANIFEST_NAME).unlink()
@@ -145,7 +139,7 @@ def test_sigterm_ends_a_manifest_run_promptly(tmp_path: Path) -> None:
 
 
 def test_a_manifest_with_deep_nesting_or_huge_numbers_is_one_line(tmp_path: Path) -> None:
-    src = source(tmp_path / "src")
+    src = two_file_source(tmp_path / "src")
     for text in (
         "[" * 100_000,
         '{"algorithm": "xxh3_128", "files": [{"path": "a.bin", "size": 1e400, "checksum": "x"}]}',

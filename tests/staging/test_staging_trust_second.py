@@ -10,7 +10,6 @@ import gzip
 import io
 import os
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -27,18 +26,8 @@ from mlhpc.staging import (
 )
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
 from mlhpc.staging.destination import STAGING_OWNED, run_tokens, space_shortfall
-from mlhpc.staging.origin import RACY_NS
 from tests.helpers.cli import mlhpc
-from tests.helpers.datasets import dataset_files
-
-
-def source(root: Path) -> Path:
-    (root / "sub").mkdir(parents=True)
-    (root / "a.bin").write_bytes(b"a" * 100)
-    (root / "sub" / "b.bin").write_bytes(b"b" * 50)
-    time.sleep(2 * RACY_NS / 1e9)
-    return root
-
+from tests.helpers.datasets import dataset_files, two_file_source
 
 # --- every deletion proven ---------------------------------------------------------------
 
@@ -46,7 +35,7 @@ def source(root: Path) -> Path:
 def test_a_users_files_in_dest_survive_a_restage_after_the_source_changed(tmp_path: Path) -> None:
     """A user's file in DEST is not ours to remove, and a loader would read it as data: the
     restage refuses in one line naming it, before the marker, and removes nothing of it."""
-    src, dest = source(tmp_path / "src"), tmp_path / "dest"
+    src, dest = two_file_source(tmp_path / "src", settled=True), tmp_path / "dest"
     stage_dataset(StageRequest(src, dest, workers=2))
     (dest / "sub" / "results.csv").write_text("mine")  # not in the source, never staged: not ours
     (src / "sub" / "b.bin").unlink()  # its copy is ours and unchanged: it goes
@@ -60,7 +49,7 @@ def test_a_users_files_in_dest_survive_a_restage_after_the_source_changed(tmp_pa
 
 
 def test_a_file_named_like_our_temporary_file_is_not_removed_without_our_token(tmp_path: Path) -> None:
-    src, dest = source(tmp_path / "src"), tmp_path / "dest"
+    src, dest = two_file_source(tmp_path / "src", settled=True), tmp_path / "dest"
     stage_dataset(StageRequest(src, dest, workers=2))
     (token,) = run_tokens(dest)
     theirs = [dest / ".a.bin.mlhpc-partial", dest / "sub" / ".b.bin.ffffffffffff.mlhpc-partial"]
@@ -74,7 +63,7 @@ def test_a_file_named_like_our_temporary_file_is_not_removed_without_our_token(t
 
 
 def test_a_dest_with_a_users_file_and_no_staging_bookkeeping_is_left_untouched(tmp_path: Path) -> None:
-    src, dest = source(tmp_path / "src"), tmp_path / "dest"
+    src, dest = two_file_source(tmp_path / "src", settled=True), tmp_path / "dest"
     dest.mkdir()
     (dest / ".x.0123456789ab.mlhpc-partial").write_text("a user's file with our suffix")
     (dest / "keep.txt").write_text("k")
@@ -84,7 +73,7 @@ def test_a_dest_with_a_users_file_and_no_staging_bookkeeping_is_left_untouched(t
 
 
 def test_the_ownership_file_records_each_run(tmp_path: Path) -> None:
-    src, dest = source(tmp_path / "src"), tmp_path / "dest"
+    src, dest = two_file_source(tmp_path / "src", settled=True), tmp_path / "dest"
     stage_dataset(StageRequest(src, dest, workers=2))
     stage_dataset(StageRequest(src, dest, workers=2))
     assert len(run_tokens(dest)) == 2 and (dest / STAGING_OWNED).read_text().count("run ") == 2
@@ -173,7 +162,7 @@ def test_a_tar_gz_on_a_full_disk_says_disk_full(tmp_path: Path) -> None:
 
 
 def test_manifest_entries_through_a_symlinked_folder_are_refused(tmp_path: Path) -> None:
-    src = source(tmp_path / "src")
+    src = two_file_source(tmp_path / "src", settled=True)
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "secret.bin").write_bytes(b"not the dataset's")
     (src / "jump").symlink_to(tmp_path / "elsewhere")
@@ -201,7 +190,7 @@ def test_space_shortfall_names_both_sizes_and_dest() -> None:
 
 def test_a_terabyte_source_is_refused_before_anything_is_copied(tmp_path: Path) -> None:
     """A sparse file of 1 TB apparent size as the source: the sizes are compared before copying."""
-    src = source(tmp_path / "src")
+    src = two_file_source(tmp_path / "src", settled=True)
     with open(src / "huge.bin", "wb") as handle:
         handle.truncate(10**12)
     proc = mlhpc("stage", src, tmp_path / "dest")
