@@ -136,14 +136,6 @@ def _claims(entry: EntryDir, desc: dict[str, Any]) -> list[_Claim]:
     )
     submitters = [entry.submitter, *([desc["submitter"]] if isinstance(desc.get("submitter"), str) else [])]
     systems = [entry.system, *([desc["system_name"]] if isinstance(desc.get("system_name"), str) else [])]
-    nodes, accelerators = _int(desc.get("number_of_nodes")), _int(desc.get("accelerators_per_node"))
-
-    def fits_nodes(v: Any) -> bool:
-        n = _int(v)
-        return nodes is None or (
-            n == nodes if entry.scaling == "strong" else n is not None and 0 < n <= nodes
-        )
-
     return [
         (
             "submission_org",
@@ -173,6 +165,21 @@ def _claims(entry: EntryDir, desc: dict[str, Any]) -> list[_Claim]:
             lambda v: _status_agrees(v, desc.get("status")),
             "log the system's availability as submission_status, as the system description says",
         ),
+        *_hardware_claims(entry, desc, json_name),
+    ]
+
+
+def _hardware_claims(entry: EntryDir, desc: dict[str, Any], json_name: str) -> list[_Claim]:
+    """The nodes and accelerators the system description gives (a weak entry's instance may use fewer nodes)."""
+    nodes, accelerators = _int(desc.get("number_of_nodes")), _int(desc.get("accelerators_per_node"))
+
+    def fits_nodes(v: Any) -> bool:
+        n = _int(v)
+        return nodes is None or (
+            n == nodes if entry.scaling == "strong" else n is not None and 0 < n <= nodes
+        )
+
+    return [
         (
             "number_of_nodes",
             "number_of_nodes",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -228,28 +227,7 @@ def _run(args: argparse.Namespace) -> int:
     # login node refuses what a seed job would, before anything is locked, launched or recorded.
     opts = from_args(args)
     prepared = prepare(opts)
-    # A dry run here touches no data: it says what the size check would refuse. A Slurm campaign
-    # generates in its data job: refused on the login node, before anything is queued.
-    if not args.dry_run or args.slurm:
-        refuse_surprise_size(prepared)  # before --out is locked or written: a refusal leaves nothing behind
-    if opts.data is not None and not args.dry_run:  # another benchmark's data: at once, not after imports
-        from mlhpc.common.contract.data_kinds import other_layout
-
-        other = other_layout(opts.data, opts.benchmark)
-        if other is not None:
-            from mlhpc.common.errors import DataError
-            from mlhpc.common.printable import shown
-
-            raise DataError(f"--data {shown(opts.data)}: {other}")
-    if not args.slurm:  # a login node's Python need not be the compute nodes' (their jobs check)
-        from mlhpc.common.display.waiting import say_if_slow
-
-        # torch, torchvision and the benchmark's imports: 3 s idle, 20 s on a busy machine. Said on
-        # stdout with the run's progress (stderr keeps an error to its one line), by the first rank.
-        first_rank = os.environ.get("RANK", "0") in ("", "0")
-        what = f"checking the environment for {opts.benchmark} (importing torch)"
-        with say_if_slow(what, stream=sys.stdout) if first_rank else contextlib.nullcontext():
-            check_run_environment(prepared, device=not args.dry_run)
+    _refuse_before_anything(args, prepared)
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
@@ -271,8 +249,39 @@ def _run(args: argparse.Namespace) -> int:
     from mlhpc.common.cluster.launch import detect_launch
 
     if opts.instances > 1 and detect_launch().world_size == 1:
-        return _launch_instances(opts)
+        from mlhpc.campaign.instances import launch_instances
+
+        return launch_instances(opts)
     return _train_here(prepared, seed_file)
+
+
+def _refuse_before_anything(args: argparse.Namespace, prepared: Prepared) -> None:
+    """What is refused before --out is locked or written, so a refusal leaves nothing behind: a
+    dataset to generate that would not fit, another benchmark's --data, and (off a login node,
+    whose Python need not be the compute nodes') an environment the run cannot import."""
+    opts = prepared.opts
+    # A dry run here touches no data: it says what the size check would refuse. A Slurm campaign
+    # generates in its data job: refused on the login node, before anything is queued.
+    if not args.dry_run or args.slurm:
+        refuse_surprise_size(prepared)
+    if opts.data is not None and not args.dry_run:  # another benchmark's data: at once, not after imports
+        from mlhpc.common.contract.data_kinds import other_layout
+
+        other = other_layout(opts.data, opts.benchmark)
+        if other is not None:
+            from mlhpc.common.errors import DataError
+            from mlhpc.common.printable import shown
+
+            raise DataError(f"--data {shown(opts.data)}: {other}")
+    if not args.slurm:
+        from mlhpc.common.display.waiting import say_if_slow
+
+        # torch, torchvision and the benchmark's imports: 3 s idle, 20 s on a busy machine. Said on
+        # stdout with the run's progress (stderr keeps an error to its one line), by the first rank.
+        first_rank = os.environ.get("RANK", "0") in ("", "0")
+        what = f"checking the environment for {opts.benchmark} (importing torch)"
+        with say_if_slow(what, stream=sys.stdout) if first_rank else contextlib.nullcontext():
+            check_run_environment(prepared, device=not args.dry_run)
 
 
 def _train_here(prepared: Prepared, seed_file: Path | None) -> int:
@@ -368,52 +377,3 @@ def resume_command(args: argparse.Namespace, program: str) -> str | None:
     if "--resume" not in words:
         words.append("--resume")
     return shlex.join([*shlex.split(program), *words])
-
-
-def _launch_instances(opts: RunOptions) -> int:
-    """Start one local rank per instance under torchrun with these options (`to_argv`, the check
-    left out), then check the submission here (a failing check in a rank would read as a crashed
-    worker)."""
-    import os
-    import shlex
-    import subprocess
-    from dataclasses import replace
-
-    from mlhpc.campaign.options import check_instances
-    from mlhpc.common.cluster.termination import Terminated
-    from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
-
-    check_instances(opts.instances)  # never more local ranks than this machine holds
-    # Each rank chooses its threads from the CPUs it may use and the ranks beside it (common/cluster/threads).
-    env = dict(os.environ)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    rank_argv = replace(opts, check=False).to_argv()
-    command += [f"--nproc_per_node={opts.instances}", "-m", "mlhpc", *rank_argv]
-    print(f"launching {opts.instances} local ranks, one per instance: {shlex.join(command)}", flush=True)
-    with subprocess.Popen(command, env=env) as launcher:
-        try:
-            status = launcher.wait()
-        except KeyboardInterrupt as stop:
-            # Pass the signal on: torchrun stops its ranks on it, where a SIGKILL would orphan them.
-            launcher.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
-            try:
-                launcher.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                launcher.kill()
-            raise
-    if status != 0 or not opts.check:
-        return status
-    from mlhpc.campaign.io import read_campaign_file
-    from mlhpc.campaign.plan import CAMPAIGN_FILE
-
-    recorded = read_campaign_file(opts.out / CAMPAIGN_FILE)  # the settings the ranks ran with
-    assert recorded is not None, "the instances' rank 0 writes the campaign file"
-    ruleset = recorded.settings.ruleset
-    from mlhpc.campaign.status import short_campaign_line
-
-    return check_command(
-        opts.out / recorded.settings.submitter,
-        ruleset=ruleset,
-        ruleset_reason=CAMPAIGN_RULESET,
-        short_campaign=lambda found, required: short_campaign_line(found, required, "weak", opts),
-    )

@@ -187,12 +187,12 @@ def test_launch_instances_refuses_before_it_starts_anything(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The self-launch checks again where the ranks start (a caller that skipped check_options)."""
+    from mlhpc.campaign.instances import launch_instances
     from mlhpc.campaign.options import RunOptions
-    from mlhpc.commands import run
 
     monkeypatch.setattr(machine, "local_process_limit", lambda: machine.LocalLimit(2, "a test's 2"))
     started: list[object] = []
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
     with pytest.raises(ConfigError, match=r"--instances 3 .*pass --instances 2 or fewer"):
-        run._launch_instances(RunOptions(benchmark="cosmoflow", out=tmp_path / "o", instances=3))
+        launch_instances(RunOptions(benchmark="cosmoflow", out=tmp_path / "o", instances=3))
     assert started == [] and not (tmp_path / "o").exists()
