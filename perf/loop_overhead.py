@@ -118,7 +118,7 @@ def bare(cfg: Any, batches: list, ctx: DistContext) -> TimedBatches:
     return train
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -132,8 +132,11 @@ def main() -> None:
     parser.add_argument(
         "--set", nargs="*", default=[], help="more config overrides, e.g. loop.precision=bf16"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = _arguments()
     overrides = [f"loop.max_epochs={args.epochs}", "loop.target=0.0", *args.set]
     if args.batch:
         overrides.append(f"loop.global_batch_size={args.batch}")

@@ -85,19 +85,8 @@ def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, c
             file=sys.stderr,
         )
     for folder in dirs:
-        if folder in missing:
-            continue
-        try:
-            with say_if_slow(f"checking {shown(folder)}"):  # a whole round takes tens of seconds
-                report = check_submission(folder, jobs=jobs)
-        except SubmissionError as e:
-            fix = "" if "; pass " in str(e) else "; pass a submission (an organisation's folder or a round's)"
-            raise MlhpcError(f"{e}{fix}") from e
-        kind = origin_of(Path(report.root), origin)
-        reports.append((report, kind))
-        console.print(
-            Text(shown(f"{report.root}: {len(report.entries)} entries, ruleset {report.ruleset}, {kind}"))
-        )
+        if folder not in missing:
+            reports.append(_checked(folder, origin, jobs, console))
     checked = time.perf_counter()
     with open_store(db, create=True) as connection:
         added = add_reports(connection, reports)
@@ -118,6 +107,19 @@ def add_command(dirs: Sequence[Path], db: Path, origin: str, jobs: int | None, c
         )
         return 1
     return 0
+
+
+def _checked(folder: Path, origin: str, jobs: int | None, console: Console) -> tuple[Any, str]:
+    """A submission folder's report and its origin (ours, published), said in one line."""
+    try:
+        with say_if_slow(f"checking {shown(folder)}"):  # a whole round takes tens of seconds
+            report = check_submission(folder, jobs=jobs)
+    except SubmissionError as e:
+        fix = "" if "; pass " in str(e) else "; pass a submission (an organisation's folder or a round's)"
+        raise MlhpcError(f"{e}{fix}") from e
+    kind = origin_of(Path(report.root), origin)
+    console.print(Text(shown(f"{report.root}: {len(report.entries)} entries, ruleset {report.ruleset}, {kind}")))
+    return report, kind
 
 
 def _score(e: dict[str, Any]) -> str:
@@ -267,39 +269,8 @@ def _plot(
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(FIGURES), figsize=(5 * len(FIGURES), 4.2))
-    rounds = sorted({_round(e) for e in others})
-    smoke = entry.get("rcp_verdict") == "smoke"
     for ax, (label, column, _) in zip(axes, FIGURES, strict=True):
-        for number, name in enumerate(rounds):
-            for hollow in (False, True):
-                points = [
-                    (e["accelerators"], e[column])
-                    for e in others
-                    if _round(e) == name and _plottable(e, column) and (e["id"] in unlike) == hollow
-                ]
-                if points and hollow:
-                    ax.scatter(
-                        *zip(*points, strict=True), facecolors="none", edgecolors=f"C{number}", linewidths=1.5
-                    )
-                elif points:
-                    ax.scatter(*zip(*points, strict=True), label=_label(name), color=f"C{number}", alpha=0.75)
-        if unlike and any(e["id"] in unlike and _plottable(e, column) for e in others):
-            ax.scatter(
-                [], [], facecolors="none", edgecolors="grey", label="hollow: unlike (other scale or config)"
-            )
-        if _plottable(entry, column):
-            ax.scatter(
-                [entry["accelerators"]],
-                [entry[column]],
-                marker="*",
-                s=260,
-                color="red",
-                edgecolor="black",
-                label=_label(
-                    f"{entry['system']} (id {entry['id']})" + (", smoke config: unlike all" if smoke else "")
-                ),
-                zorder=3,
-            )
+        _panel(ax, column, entry, others, unlike)
         ax.set_xscale("log")
         ax.set_xlabel("accelerators per model")
         ax.set_title(label)
@@ -313,6 +284,37 @@ def _plot(
     axes[-1].legend(list(shown.values()), list(shown), fontsize=8)
     fig.suptitle(_label(f"{entry['benchmark']}: {entry_name(entry)} against the published entries"))
     return fig
+
+
+def _panel(
+    ax: Any, column: str, entry: dict[str, Any], others: Sequence[dict[str, Any]], unlike: frozenset[int]
+) -> None:
+    """One figure's points: each round's entries (hollow when unlike), then the entry's star."""
+    for number, name in enumerate(sorted({_round(e) for e in others})):
+        for hollow in (False, True):
+            points = [
+                (e["accelerators"], e[column])
+                for e in others
+                if _round(e) == name and _plottable(e, column) and (e["id"] in unlike) == hollow
+            ]
+            if points and hollow:
+                ax.scatter(*zip(*points, strict=True), facecolors="none", edgecolors=f"C{number}", linewidths=1.5)
+            elif points:
+                ax.scatter(*zip(*points, strict=True), label=_label(name), color=f"C{number}", alpha=0.75)
+    if unlike and any(e["id"] in unlike and _plottable(e, column) for e in others):
+        ax.scatter([], [], facecolors="none", edgecolors="grey", label="hollow: unlike (other scale or config)")
+    if _plottable(entry, column):
+        smoke = ", smoke config: unlike all" if entry.get("rcp_verdict") == "smoke" else ""
+        ax.scatter(
+            [entry["accelerators"]],
+            [entry[column]],
+            marker="*",
+            s=260,
+            color="red",
+            edgecolor="black",
+            label=_label(f"{entry['system']} (id {entry['id']}){smoke}"),
+            zorder=3,
+        )
 
 
 def _label(text: str) -> str:

@@ -128,6 +128,21 @@ def _fixed_epoch_valid_flops(breakdown_path: Path) -> float | None:
     return None if score is None else score.valid_flops
 
 
+def _print_campaign(console: Any, entry: str, mine: list[RunBreakdown], *, files_asked: bool) -> None:
+    """One campaign entry's table, how its runs ran, and what the terminal's width left out."""
+    from rich.markup import escape
+
+    table, left_out = campaign_table(entry, mine, console)
+    console.print(table)
+    for how, count in Counter(_settings(run.breakdown) for run in mine).items():
+        if how:
+            console.print(f"how it ran: {escape(how)} ({count} of {len(mine)} runs)")
+    if left_out:
+        more = "" if files_asked else " and --json/--csv"
+        console.print(f"left out for the terminal's width: {', '.join(left_out)} (see a wider terminal{more})")
+    console.print()
+
+
 def report_command(
     folder: Path,
     *,
@@ -154,18 +169,7 @@ def report_command(
         runs = read_breakdowns(folder)
     console = Console(width=shutil.get_terminal_size().columns, highlight=False)
     for entry, mine in campaigns(runs).items():
-        table, left_out = campaign_table(entry, mine, console)
-        console.print(table)
-        settings = Counter(_settings(run.breakdown) for run in mine)
-        for how, count in settings.items():
-            if how:
-                console.print(f"how it ran: {escape(how)} ({count} of {len(mine)} runs)")
-        if left_out:
-            more = " and --json/--csv" if not (json_path or csv_path) else ""
-            console.print(
-                f"left out for the terminal's width: {', '.join(left_out)} (see a wider terminal{more})",
-            )
-        console.print()
+        _print_campaign(console, entry, mine, files_asked=bool(json_path or csv_path))
     if "--json" in outputs:
         atomic_write_json(
             outputs["--json"],
