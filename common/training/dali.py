@@ -4,7 +4,7 @@ the loader choice, and the iterator every benchmark's DALI pipeline is read thro
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,19 @@ def choose_loader(requested: str, ctx: Any) -> str:
         return requested
     on_gpu = ctx.device.type == "cuda"
     return "dali" if on_gpu and importlib.util.find_spec("nvidia.dali") is not None else "torch"
+
+
+def data_builder(torch_data: Callable[..., Any], dali_data: Callable[..., Any]) -> Callable[..., Any]:
+    """A benchmark's `build_data(cfg, data_dir, ctx, seed)`: `dali_data` where data.loader chooses
+    DALI (`choose_loader`), else `torch_data`. The choice lives here, not in the benchmark's
+    data.py, so that data.py never imports its dali.py (which reads the files through it)."""
+
+    def build_data(cfg: Any, data_dir: Any, ctx: Any, seed: int) -> Any:
+        if choose_loader(cfg.data.loader, ctx) == "dali":
+            return dali_data(cfg, data_dir, ctx, seed)
+        return torch_data(cfg, data_dir, ctx, seed)
+
+    return build_data
 
 
 class DaliLoader:

@@ -49,7 +49,7 @@ def test_loader_reads_log_transformed_channels_first(cosmo_data: Path, cosmo_cfg
     assert torch.allclose(cube[2, 3, 4, 5], torch.log1p(torch.tensor(float(raw[3, 4, 5, 2]))))
     assert torch.equal(target, torch.from_numpy(np.load(dataset.pairs[0][1])))
     ctx = init_distributed("auto", "cpu")
-    bundle = functions.build_data(cosmo_cfg("loop.global_batch_size=8"), cosmo_data, ctx, seed=1)
+    bundle = functions.FUNCTIONS.build_data(cosmo_cfg("loop.global_batch_size=8"), cosmo_data, ctx, seed=1)
     assert (bundle.train_samples, bundle.eval_samples, len(bundle.train)) == (32, 8, 4)
     x, y = next(iter(bundle.train))
     assert x.shape == (8, 4, 16, 16, 16) and y.shape == (8, 4)

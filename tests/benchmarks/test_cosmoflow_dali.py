@@ -60,8 +60,8 @@ def label_index(root: Path, split: str) -> dict[tuple[float, ...], int]:
 
 
 def test_validation_matches_torch_loader(dataset: Path, ctx: DistContext) -> None:
-    dali_batches = list(functions.build_data(make_cfg("dali"), dataset, ctx, seed=3).validation)
-    torch_batches = list(functions.build_data(make_cfg("torch"), dataset, ctx, seed=3).validation)
+    dali_batches = list(functions.FUNCTIONS.build_data(make_cfg("dali"), dataset, ctx, seed=3).validation)
+    torch_batches = list(functions.FUNCTIONS.build_data(make_cfg("torch"), dataset, ctx, seed=3).validation)
     assert len(dali_batches) == len(torch_batches) == 3
     for (dali_cube, dali_target), (torch_cube, torch_target) in zip(dali_batches, torch_batches, strict=True):
         assert dali_cube.shape == torch_cube.shape and dali_cube.dtype == torch_cube.dtype == torch.float32
@@ -70,7 +70,7 @@ def test_validation_matches_torch_loader(dataset: Path, ctx: DistContext) -> Non
 
 
 def test_train_yields_full_batches_of_distinct_samples(dataset: Path, ctx: DistContext) -> None:
-    bundle = functions.build_data(make_cfg(), dataset, ctx, seed=3)
+    bundle = functions.FUNCTIONS.build_data(make_cfg(), dataset, ctx, seed=3)
     assert (bundle.train_samples, bundle.eval_samples) == (NUM_TRAIN, NUM_EVAL)
     assert len(bundle.train) == NUM_TRAIN // 4
     files = data.CosmoFlowFiles(dataset / "train", apply_log=True)
@@ -94,7 +94,7 @@ def test_train_yields_full_batches_of_distinct_samples(dataset: Path, ctx: DistC
 
 
 def test_validation_yields_every_sample_once_per_epoch(dataset: Path, ctx: DistContext) -> None:
-    bundle = functions.build_data(make_cfg(), dataset, ctx, seed=3)
+    bundle = functions.FUNCTIONS.build_data(make_cfg(), dataset, ctx, seed=3)
     index = label_index(dataset, "validation")
     for _epoch in range(2):  # a reader that borrows from the next epoch would shift epoch 2
         batches = list(bundle.validation)
@@ -107,7 +107,7 @@ def test_validation_shards_cover_every_sample_once(dataset: Path, ctx: DistConte
     # 10 samples on 3 ranks of batch 3: shards of 3, 3 and 4 samples, so 1, 1 and 2 batches.
     cfg = make_cfg(global_batch_size=9)
     index = label_index(dataset, "validation")
-    loaders = [functions.build_data(cfg, dataset, rank(ctx, r, 3), seed=3).validation for r in range(3)]
+    loaders = [functions.FUNCTIONS.build_data(cfg, dataset, rank(ctx, r, 3), seed=3).validation for r in range(3)]
     assert [len(loader) for loader in loaders] == [1, 1, 2]
     for _epoch in range(2):
         seen = []
@@ -122,7 +122,7 @@ def test_train_ranks_take_equal_steps_on_disjoint_samples(dataset: Path, ctx: Di
     # 24 samples on 5 ranks of batch 1: shards of 4 or 5, and every rank must stop after 24 // 5 = 4.
     cfg = make_cfg(global_batch_size=5)
     index = label_index(dataset, "train")
-    loaders = [functions.build_data(cfg, dataset, rank(ctx, r, 5), seed=3).train for r in range(5)]
+    loaders = [functions.FUNCTIONS.build_data(cfg, dataset, rank(ctx, r, 5), seed=3).train for r in range(5)]
     assert [len(loader) for loader in loaders] == [4] * 5
     for _epoch in range(2):
         seen = []
@@ -134,7 +134,7 @@ def test_train_ranks_take_equal_steps_on_disjoint_samples(dataset: Path, ctx: Di
 
 
 def test_abandoned_epoch_does_not_shift_the_next(dataset: Path, ctx: DistContext) -> None:
-    loader = functions.build_data(make_cfg(), dataset, ctx, seed=3).validation
+    loader = functions.FUNCTIONS.build_data(make_cfg(), dataset, ctx, seed=3).validation
     full = [target for _, target in loader]
     next(iter(loader))
     again = [target for _, target in loader]
@@ -146,7 +146,7 @@ def test_unreadable_file_is_a_data_error(tmp_path: Path, ctx: DistContext) -> No
     victim = sorted((root / "validation").glob("*_data.npy"))[0]
     victim.unlink()
     with pytest.raises(DataError, match=victim.name):
-        functions.build_data(make_cfg(), root, ctx, seed=3)
+        functions.FUNCTIONS.build_data(make_cfg(), root, ctx, seed=3)
 
 
 def test_missing_dali_is_a_config_error(
@@ -154,15 +154,15 @@ def test_missing_dali_is_a_config_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # makes `import nvidia.dali` fail
     with pytest.raises(ConfigError, match=r"pip install 'mlhpc\[gpu\]'"):
-        functions.build_data(make_cfg(), dataset, ctx, seed=3)
+        functions.FUNCTIONS.build_data(make_cfg(), dataset, ctx, seed=3)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_pipeline_matches_cpu(dataset: Path, ctx: DistContext) -> None:
     gpu_ctx = dataclasses.replace(ctx, device=torch.device("cuda", 0))
-    cpu = functions.build_data(make_cfg(), dataset, ctx, seed=3)
-    gpu = functions.build_data(make_cfg(), dataset, gpu_ctx, seed=3)
+    cpu = functions.FUNCTIONS.build_data(make_cfg(), dataset, ctx, seed=3)
+    gpu = functions.FUNCTIONS.build_data(make_cfg(), dataset, gpu_ctx, seed=3)
     for split in ("train", "validation"):
         cpu_batches = list(getattr(cpu, split))
         gpu_batches = list(getattr(gpu, split))

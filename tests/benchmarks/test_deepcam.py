@@ -252,7 +252,7 @@ def test_loader_normalises_with_stats_and_puts_channels_first(small_data: Path) 
     assert fields[6, 5, 7].item() == pytest.approx((raw[5, 7, 6] - lo[6]) / (hi[6] - lo[6]), rel=1e-5)
     assert torch.equal(label, torch.from_numpy(raw_label.astype(np.int64)))
     assert fields.min() >= 0.0 and fields.max() <= 1.0  # training stats span the training samples
-    bundle = functions.build_data(cfg, small_data, init_distributed("auto", "cpu"), seed=1)
+    bundle = functions.FUNCTIONS.build_data(cfg, small_data, init_distributed("auto", "cpu"), seed=1)
     assert (bundle.train_samples, bundle.eval_samples, len(bundle.train)) == (8, 4, 2)
     x, y = next(iter(bundle.train))
     assert x.shape == (4, 16, 32, 48) and y.shape == (4, 32, 48)

@@ -55,8 +55,8 @@ def assert_same(got: list, want: list) -> None:
 
 
 def test_dali_batches_equal_the_dataloader_batches(dataset: Path, ctx: DistContext) -> None:
-    dali = functions.build_data(make_cfg("data.loader=dali", "data.num_workers=2"), dataset, ctx, seed=7)
-    torch_data = functions.build_data(make_cfg(), dataset, ctx, seed=7)
+    dali = functions.FUNCTIONS.build_data(make_cfg("data.loader=dali", "data.num_workers=2"), dataset, ctx, seed=7)
+    torch_data = functions.FUNCTIONS.build_data(make_cfg(), dataset, ctx, seed=7)
     assert (dali.train_samples, dali.eval_samples) == (torch_data.train_samples, torch_data.eval_samples)
     assert (
         (len(dali.train), len(dali.validation))
@@ -72,8 +72,8 @@ def test_dali_batches_equal_the_dataloader_batches(dataset: Path, ctx: DistConte
 def test_dali_reads_the_numpy_variant(tmp_path: Path, ctx: DistContext) -> None:
     cfg = make_cfg("data.format=numpy", "data.loader=dali")
     root = data.generate(cfg, tmp_path / "npy", seed=2)
-    dali = functions.build_data(cfg, root, ctx, seed=7)
-    torch_data = functions.build_data(make_cfg("data.format=numpy"), root, ctx, seed=7)
+    dali = functions.FUNCTIONS.build_data(cfg, root, ctx, seed=7)
+    torch_data = functions.FUNCTIONS.build_data(make_cfg("data.format=numpy"), root, ctx, seed=7)
     assert_same(batches(dali.validation), batches(torch_data.validation))
 
 
@@ -81,7 +81,7 @@ def test_dali_reads_the_numpy_variant(tmp_path: Path, ctx: DistContext) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_pipeline_matches_cpu(dataset: Path, ctx: DistContext) -> None:
     gpu_ctx = dataclasses.replace(ctx, device=torch.device("cuda", 0))
-    gpu = functions.build_data(make_cfg("data.loader=dali"), dataset, gpu_ctx, seed=3)
-    cpu = functions.build_data(make_cfg(), dataset, ctx, seed=3)
+    gpu = functions.FUNCTIONS.build_data(make_cfg("data.loader=dali"), dataset, gpu_ctx, seed=3)
+    cpu = functions.FUNCTIONS.build_data(make_cfg(), dataset, ctx, seed=3)
     cpu.set_epoch(1)
     assert_same(batches(gpu.train), batches(cpu.train))
