@@ -14,38 +14,13 @@ from mlhpc.campaign.io import given_settings, read_campaign_file
 from mlhpc.campaign.plan import (
     CAMPAIGN_FILE,
     CampaignFile,
-    CampaignRequest,
     Entry,
     ResultScan,
-    Settings,
     config_identity,
     plan_campaign,
 )
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
-from tests.helpers.campaign_plans import plan
-
-OUT = Path("/runs/out")
-SETTINGS = Settings(submitter="org", system="sys_n4", division="closed", status="onprem", ruleset="3.0.0")
-
-
-def request(**changes: object) -> CampaignRequest:
-    values: dict[str, object] = {
-        "benchmark": "cosmoflow",
-        "config": "mini",
-        "config_id": "aaaa",
-        "out": OUT,
-        "num_runs": 3,
-        "settings": {"submitter": "org", "system": "sys_n4"},
-    }
-    values.update(changes)
-    return CampaignRequest(**values)  # type: ignore[arg-type]
-
-
-def recorded(seeds: int = 3, first_seed: int = 100, config_id: str = "aaaa") -> CampaignFile:
-    entry = Entry(config="mini", config_id=config_id, num_runs=seeds, first_seed=first_seed)
-    return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
-
-
+from tests.helpers.campaign_plans import OUT, SETTINGS, plan, recorded, request
 
 
 def test_a_fresh_campaign_runs_every_index_from_a_random_first_seed() -> None:

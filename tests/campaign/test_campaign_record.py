@@ -23,37 +23,17 @@ from mlhpc.campaign.plan import (
     CAMPAIGN_FILE,
     CAMPAIGN_FORMAT,
     CampaignFile,
-    CampaignRequest,
     Entry,
     ResultScan,
     Settings,
 )
 from mlhpc.campaign.seeds import MAX_RUNS, MAX_SEED, check_numbers
 from mlhpc.common.errors import ConfigError, MlhpcError, SubmissionError
-from tests.helpers.campaign_plans import plan
+from tests.helpers.campaign_plans import OUT, plan, recorded, request
 from tests.helpers.cli import cli_env, mlhpc_cli
 
-OUT = Path("/runs/out")
-SETTINGS = Settings(submitter="org", system="sys_n4", division="closed", status="onprem", ruleset="3.0.0")
-
-
-def request(**changes: object) -> CampaignRequest:
-    values: dict[str, object] = {
-        "benchmark": "cosmoflow",
-        "config": "mini",
-        "config_id": "aaaa",
-        "out": OUT,
-        "num_runs": 1,
-        "settings": {"system": "sys_n4"},
-    }
-    values.update(changes)
-    return CampaignRequest(**values)  # type: ignore[arg-type]
-
-
-def recorded(first_seed: int = 100, seeds: int = 3) -> CampaignFile:
-    entry = Entry(config="mini", config_id="aaaa", num_runs=seeds, first_seed=first_seed)
-    return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
-
+INDEX_RUN = {"num_runs": 1, "settings": {"system": "sys_n4"}}
+"""What these tests ask by default: one run (an `--index` run of a campaign), the system given."""
 
 # ---------------------------------------------------------------------------------------------
 # The first writer's first seed wins
@@ -64,23 +44,23 @@ def test_another_first_seed_is_refused_while_the_first_run_is_unfinished() -> No
     --index 1 --first-seed 9 was accepted and rewrote the record."""
     for changes in ({"index": 1}, {"index": 0, "resume": True}, {"resume": True, "num_runs": 3}):
         with pytest.raises(ConfigError) as refused:
-            plan(request(first_seed=9, **changes), recorded())
+            plan(request(**{**INDEX_RUN, "first_seed": 9, **changes}), recorded())
         message = str(refused.value)
         assert "first seed 100" in message and "--first-seed 9" in message and "\n" not in message
         assert "drop --first-seed" in message and "--first-seed 100" in message
 
 
 def test_a_run_without_a_first_seed_follows_the_recorded_one() -> None:
-    p = plan(request(index=1), recorded())
+    p = plan(request(**INDEX_RUN, index=1), recorded())
     assert p.seeds[1] == 101 and p.record == recorded()  # nothing in the record changes
-    assert plan(request(index=2, first_seed=100), recorded()).seeds[2] == 102  # the same one: fine
+    assert plan(request(**INDEX_RUN, index=2, first_seed=100), recorded()).seeds[2] == 102  # the same one: fine
 
 
 def test_results_that_disagree_with_the_record_are_one_line_not_a_wrong_fix() -> None:
     """What the old race left: campaign.json says 9, result_0.txt ran 100."""
     scan = ResultScan(present=frozenset({0}), finished={0: 100}, folder=OUT / "r")
     with pytest.raises(SubmissionError) as refused:
-        plan(request(index=1), recorded(first_seed=9), scan)
+        plan(request(**INDEX_RUN, index=1), recorded(first_seed=9), scan)
     message = str(refused.value)
     assert "records first seed 9" in message and "ran seed 100" in message and "\n" not in message
 
@@ -88,7 +68,7 @@ def test_results_that_disagree_with_the_record_are_one_line_not_a_wrong_fix() ->
 def test_a_planted_result_with_a_huge_seed_is_refused_before_anything_is_recorded() -> None:
     scan = ResultScan(present=frozenset({0}), finished={0: 2**70}, folder=OUT / "r")
     with pytest.raises(SubmissionError, match="move those results away"):
-        plan(request(index=1), None, scan)
+        plan(request(**INDEX_RUN, index=1), None, scan)
 
 
 @st.composite

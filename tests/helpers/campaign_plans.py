@@ -1,8 +1,42 @@
-"""A campaign plan for tests: a request planned over given results on disk with a fixed first-seed draw."""
+"""Campaign plans for tests: a request (the planner's view of an `mlhpc run`), a recorded
+campaign file, and a request planned over given results with a fixed first-seed draw."""
 
 from __future__ import annotations
 
-from mlhpc.campaign.plan import CampaignFile, CampaignPlan, CampaignRequest, ResultScan, plan_campaign
+from pathlib import Path
+
+from mlhpc.campaign.plan import (
+    CampaignFile,
+    CampaignPlan,
+    CampaignRequest,
+    Entry,
+    ResultScan,
+    Settings,
+    plan_campaign,
+)
+
+OUT = Path("/runs/out")
+SETTINGS = Settings(submitter="org", system="sys_n4", division="closed", status="onprem", ruleset="3.0.0")
+
+
+def request(**changes: object) -> CampaignRequest:
+    """A strong CosmoFlow mini campaign of 3 runs into OUT, submitter and system given; `changes` on top."""
+    values: dict[str, object] = {
+        "benchmark": "cosmoflow",
+        "config": "mini",
+        "config_id": "aaaa",
+        "out": OUT,
+        "num_runs": 3,
+        "settings": {"submitter": "org", "system": "sys_n4"},
+    }
+    values.update(changes)
+    return CampaignRequest(**values)  # type: ignore[arg-type]
+
+
+def recorded(seeds: int = 3, first_seed: int = 100, config_id: str = "aaaa") -> CampaignFile:
+    """The campaign file such a campaign left: SETTINGS and its one entry."""
+    entry = Entry(config="mini", config_id=config_id, num_runs=seeds, first_seed=first_seed)
+    return CampaignFile(settings=SETTINGS, entries={"cosmoflow/strong": entry})
 
 
 def plan(
