@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import mlhpc_cli
+from tests.helpers.site_packages import fake_torchvision
+
+NMS_MISSING = "raise RuntimeError('operator torchvision::nms does not exist')\n"
+"""What a torchvision built for another torch does on import."""
 
 SMALL = [
     "data.num_train_samples=32",
@@ -30,20 +34,6 @@ def snapshot(root: Path) -> dict[str, str] | None:
         kind = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
         found[path.relative_to(root).as_posix()] = kind
     return found
-
-
-def fake_torchvision(root: Path) -> Path:
-    site = root / "site"
-    (site / "torchvision").mkdir(parents=True)
-    (site / "torchvision" / "__init__.py").write_text(
-        "raise RuntimeError('operator torchvision::nms does not exist')\n"
-    )
-    info = site / "torchvision-0.28.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\nRequires-Dist: torch==2.13.0\n"
-    )
-    return site
 
 
 def refused(args: list[str], cwd: Path, out: Path, expected: str, **env: str) -> None:
@@ -71,7 +61,7 @@ def test_each_refusal_leaves_out_as_it_was(tmp_path: Path, out_exists: bool) -> 
         tmp_path,
         out,
         "torchvision 0.28.0 is built for torch==2.13.0",
-        PYTHONPATH=str(fake_torchvision(tmp_path)),
+        PYTHONPATH=str(fake_torchvision(tmp_path, "0.28.0", "torch==2.13.0", NMS_MISSING)),
     )
     # The corrected command: accepted as a new campaign (no --resume), and it trains.
     done = mlhpc_cli([*base, "--first-seed", "7"], tmp_path)

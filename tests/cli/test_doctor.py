@@ -12,21 +12,9 @@ import torch
 
 from mlhpc.environment import EnvironmentProblem, check_device, pair_problem, torchvision_for
 from tests.helpers.cli import mlhpc_cli
+from tests.helpers.site_packages import fake_torchvision
 
 NMS_ERROR = "operator torchvision::nms does not exist"
-
-
-def fake_torchvision(root: Path, version: str, requires: str, body: str) -> Path:
-    """A torchvision `version` whose metadata requires `requires` and whose import runs `body`."""
-    site = root / "site"
-    package = site / "torchvision"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(body)
-    info = site / f"torchvision-{version}.dist-info"
-    info.mkdir()
-    metadata = f"Metadata-Version: 2.1\nName: torchvision\nVersion: {version}\nRequires-Dist: {requires}\n"
-    (info / "METADATA").write_text(metadata)
-    return site
 
 
 RAISES = f"raise RuntimeError({NMS_ERROR!r})\n"
