@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from mlhpc.campaign.containers import LOCAL_DIR, container_for
 from mlhpc.campaign.io import campaign_request, plan_out, record_plan
 from mlhpc.campaign.options import RunOptions, check_options, check_planned
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
@@ -33,7 +34,20 @@ def resources_from_args(args: argparse.Namespace) -> SlurmResources:
         time=args.slurm_time,
         partition=args.slurm_partition,
         sbatch_args=tuple(args.sbatch_arg),
+        container=container_for(args.container, args.container_runtime, binds=()),
     )
+
+
+def bound_folders(opts: RunOptions, plan: CampaignPlan) -> tuple[str, ...]:
+    """The host folders a containerized job reads or writes, each bound at its own path: --out
+    (the submission, the generated data, the logs), --data, --campaign's folder and the node-local
+    folder (--local-dir, else as the job finds it)."""
+    folders = [plan.out, plan.data, *([opts.campaign.parent] if opts.campaign else [])]
+    kept: list[str] = []
+    for folder in sorted({Path(f).resolve() for f in folders}):
+        if not any(folder.is_relative_to(k) for k in map(Path, kept)):
+            kept.append(str(folder))
+    return (*kept, str(Path(opts.local_dir).resolve()) if opts.local_dir else LOCAL_DIR)
 
 
 def absolute(opts: RunOptions) -> RunOptions:
@@ -77,6 +91,8 @@ def find_run_and_time() -> Path:
 def slurm_graph(opts: RunOptions, plan: CampaignPlan, resources: SlurmResources) -> SlurmGraph:
     """The job graph of `plan`, under the ruleset the plan settled on (refused here, not per job)."""
     check_planned(opts, plan.settings.ruleset, resources)
+    if resources.container is not None:
+        resources = replace(resources, container=replace(resources.container, binds=bound_folders(opts, plan)))
     tools = JobTools(run_and_time=find_run_and_time(), mlhpc_cmd=(sys.executable, "-m", "mlhpc"))
     generate = plan.generated_data and not (plan.data / MANIFEST_NAME).is_file()
     return build_graph(absolute(opts), plan, resources, tools, generate=generate)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from mlhpc.campaign.containers import LOCAL_DIR, Container
 from mlhpc.campaign.job_strings import sbatch_time, sbatch_value, sbatch_words, script_word
 from mlhpc.campaign.options import RunOptions
 from mlhpc.campaign.plan import CampaignPlan
@@ -32,6 +33,13 @@ class SlurmResources:
     partition: str | None = None
     sbatch_args: tuple[str, ...] = ()
     """More sbatch options (--account=..., --gpus-per-node=4), written as #SBATCH lines of every job."""
+    container: Container | None = None
+    """The image every job runs mlhpc in (--container), or None: the submitting Python's mlhpc."""
+
+    @property
+    def gpus(self) -> bool:
+        """Whether the seed jobs ask for GPUs (a container runtime then passes them in)."""
+        return list(self.sbatch_args) != without_gpus(self.sbatch_args)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.ntasks_per_node < 1:
@@ -168,18 +176,26 @@ def _seed_job(
 ) -> SlurmJob:
     """The job that trains seed `index` on every task of its allocation into result_<index>.txt."""
     seed = plan.seeds[index]
-    exports = {
-        "BENCHMARK": plan.benchmark,
-        "SEED": str(seed),
-        "LAUNCHER": "srun --kill-on-bad-exit=1",
-        **tools.run_and_time_env(),
-    }
+    container = resources.container
+    exports = {"BENCHMARK": plan.benchmark, "SEED": str(seed)}
+    if container is None:
+        exports |= {"LAUNCHER": "srun --kill-on-bad-exit=1", **tools.run_and_time_env()}
+        launcher: tuple[str, ...] = ()
+    else:  # the image's mlhpc; the node-local folder, as this job finds it, bound in
+        exports["MLHPC_CMD"] = "mlhpc"
+        words = container.words(gpus=resources.gpus)
+        launcher = (
+            "# mlhpc runs in the container; run_and_time.sh splits LAUNCHER on whitespace.",
+            '[[ $MLHPC_LOCAL_DIR != *[[:space:]]* ]] || { echo "MLHPC_LOCAL_DIR has whitespace" >&2; exit 2; }',
+            f'export LAUNCHER="srun --kill-on-bad-exit=1 {" ".join(words)}"',
+        )
     body = (
         "# Node-local disk to stage to; srun passes it to every rank.",
         'export MLHPC_LOCAL_DIR="${MLHPC_LOCAL_DIR:-${SLURM_TMPDIR:-/tmp}}"',
         "# The run's command line is the campaign's options (RunOptions.to_argv) with this job's --index",
         "# and the plan's --first-seed; SEED, its seed as the planner gave it, is for the RESULT line.",
         *(f"export {key}={shlex.quote(value)}" for key, value in exports.items()),
+        *launcher,
         f"exec bash {shlex.join([str(tools.run_and_time), *seed_argv(opts, plan, index)])}",
     )
     return SlurmJob(
@@ -200,7 +216,7 @@ def _generate_job(
     """The job that writes the synthetic dataset every seed job stages from; the login node
     checked its size, so --allow-size goes on."""
     allow = ("--allow-size", str(opts.allow_size)) if opts.allow_size else ()
-    command = [*tools.mlhpc_cmd, "generate", plan.benchmark, "--config", opts.config, "--out", str(plan.data)]
+    command = [*_mlhpc(resources, tools), "generate", plan.benchmark, "--config", opts.config, "--out", str(plan.data)]
     return SlurmJob(
         name="generate",
         header=f"mlhpc campaign {plan.benchmark}: synthetic data for every seed",
@@ -220,7 +236,7 @@ def _check_job(
     """The job that checks and scores the submission once every seed job has ended, however it ended."""
     ruleset = plan.settings.ruleset
     # --short-campaign: a 2-seed try is a finished job, not a failed one (issue 40)
-    command = [*tools.mlhpc_cmd, "check", str(plan.submitter_dir), "--ruleset", ruleset, "--short-campaign"]
+    command = [*_mlhpc(resources, tools), "check", str(plan.submitter_dir), "--ruleset", ruleset, "--short-campaign"]
     report = shlex.quote(str(folder / "check-")) + '"$SLURM_JOB_ID".json'
     return SlurmJob(
         name="check",
@@ -235,6 +251,15 @@ def _check_job(
         after=after,
         dependency="afterany",
     )
+
+
+def _mlhpc(resources: SlurmResources, tools: JobTools) -> list[str]:
+    """How a single-task job (generate, check) calls mlhpc: the submitting Python's, or the
+    image's in one task of srun (pyxis starts a container only under srun), without GPUs."""
+    if resources.container is None:
+        return list(tools.mlhpc_cmd)
+    static = replace(resources.container, binds=tuple(b for b in resources.container.binds if b != LOCAL_DIR))
+    return ["srun", "--ntasks=1", *static.words(gpus=False), "mlhpc"]
 
 
 # sbatch options that ask for GPUs (or a share of them); --gres and --tres-per-task may name GPUs

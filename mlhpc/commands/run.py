@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
+from mlhpc.campaign.containers import RUNTIMES
 from mlhpc.campaign.options import Backend, Device
 from mlhpc.commands import ALLOW_SIZE_HELP, add_command, size_argument
 from mlhpc.common.vocabulary import (
@@ -210,6 +211,19 @@ def _slurm_options(group: argparse._ArgumentGroup) -> None:
         "--slurm-partition", default=None, metavar="NAME", help="partition (default: the cluster's)"
     )
     group.add_argument(
+        "--container",
+        default=None,
+        metavar="IMAGE",
+        help="run every job's mlhpc inside this image (an Apptainer .sif, a pyxis image, a podman-hpc "
+        "image, a Charliecloud folder); --out, --data and the node-local folder are bound in",
+    )
+    group.add_argument(
+        "--container-runtime",
+        default=None,
+        choices=RUNTIMES,
+        help="how to run --container (default: a .sif is Apptainer's, a .sqsh pyxis's)",
+    )
+    group.add_argument(
         "--sbatch-arg",
         action="append",
         default=[],
@@ -232,6 +246,13 @@ def _run(args: argparse.Namespace) -> int:
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
         refuse_output_over_inputs(prepared.local_root, [opts.data], local_dir_name(opts.local_dir), folder=True)
+    if args.container is not None and not args.slurm:
+        from mlhpc.common.errors import ConfigError
+
+        raise ConfigError(
+            "--container runs the Slurm jobs' mlhpc in an image; add --slurm, or run mlhpc in the image "
+            "yourself (apptainer exec IMAGE mlhpc run ...)"
+        )
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.campaign.slurm import resources_from_args, run_slurm_campaign
 

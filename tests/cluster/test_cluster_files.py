@@ -469,7 +469,9 @@ def test_apptainer_def_has_required_sections() -> None:
     assert header.get("From")
     assert {"post", "environment", "runscript", "files"} <= sections.keys()
     assert re.search(r'^\s*exec mlhpc "\$@"\s*$', sections["runscript"], re.MULTILINE)
-    assert "MLHPC_LOCAL_DIR" in sections["environment"]
+    # Apptainer evaluates %environment without the host's SLURM_TMPDIR: a default set there pins
+    # /tmp and hides the scheduler's node-local folder from mlhpc's own lookup (issue 41).
+    assert not re.search(r"^\s*export\s+MLHPC_LOCAL_DIR\b", sections["environment"], re.MULTILINE)
     for line in sections["files"].splitlines():
         if line.strip() and not line.strip().startswith("#"):
             source = line.split()[0]
@@ -491,10 +493,15 @@ def test_apptainer_def_sections_are_valid_sh(section: str) -> None:
         ({"SLURM_TMPDIR": "/local/job1", "MLHPC_LOCAL_DIR": "/nvme"}, "/nvme"),
     ],
 )
-def test_apptainer_environment_defaults_local_dir(given: dict[str, str], expected: str) -> None:
+def test_apptainer_environment_leaves_the_local_dir_to_mlhpc(given: dict[str, str], expected: str) -> None:
+    """The image's %environment, then mlhpc's own lookup, as a job inside the image runs them:
+    the scheduler's folder or MLHPC_LOCAL_DIR wins, /tmp only without either. (%environment once
+    set a shell default there, which Apptainer 1.4.5 evaluated without the host's SLURM_TMPDIR.)"""
     _, sections = def_sections(REPO / "mlhpc.def")
-    script = sections["environment"] + '\nprintf %s "$MLHPC_LOCAL_DIR"\n'
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **given}
+    lookup = "from mlhpc.staging import resolve_local_dir; print(resolve_local_dir(None), end='')"
+    script = sections["environment"] + f'\nexec "{sys.executable}" -c "{lookup}"\n'
+    env = {**cli_env(), "TMPDIR": "/tmp", **given}
+    env.pop("PYTHONUNBUFFERED", None)
     proc = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True)
     assert proc.stdout == expected
 
