@@ -114,7 +114,9 @@ def _remove_marker_last(folder: Path) -> bool:
     try:
         if _entries_but_marker(folder):
             return False  # something could not go: the marker stays, to prove the rest is ours
-        with signals_held():  # an empty folder left without its marker only by a SIGKILL (rmdir'd by the sweep)
+        # Held: a second stop rarely falls between the two (never, in a process of one thread); what
+        # it or a SIGKILL leaves there is an emptied .trash folder, which the sweep rmdirs.
+        with signals_held():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(folder / STAGE_OWNER)
             os.rmdir(folder)
