@@ -52,7 +52,7 @@ def dry_run(prepared: Prepared, json_out: Path | None = None) -> int:
     check_planned(opts, plan.settings.ruleset)  # the ruleset may be the campaign file's
     json_where = None
     if json_out is not None:  # refused before anything is read or printed
-        data = opts.data or prepared.generated_dir
+        data = plan.data  # --data, or where the run would generate
         inputs = [data, opts.out / CAMPAIGN_FILE, opts.out / plan.settings.submitter]
         json_where = refuse_output_over_inputs(json_out, inputs, "--json", kind=DRY_RUN_KIND)
     if opts.data is not None:

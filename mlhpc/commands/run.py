@@ -239,6 +239,13 @@ def _run(args: argparse.Namespace) -> int:
 
     # Built, checked and resolved once, here, for every route (local, weak, dry run, Slurm): a
     # login node refuses what a seed job would, before anything is locked, launched or recorded.
+    if args.container is not None and not args.slurm:  # an option's misuse: before any import or check
+        from mlhpc.common.errors import ConfigError
+
+        raise ConfigError(
+            "--container runs the Slurm jobs' mlhpc in an image; add --slurm, or run mlhpc in the image "
+            "yourself (apptainer exec IMAGE mlhpc run ...)"
+        )
     opts = from_args(args)
     prepared = prepare(opts)
     _refuse_before_anything(args, prepared)
@@ -246,13 +253,6 @@ def _run(args: argparse.Namespace) -> int:
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:
         refuse_output_over_inputs(prepared.local_root, [opts.data], local_dir_name(opts.local_dir), folder=True)
-    if args.container is not None and not args.slurm:
-        from mlhpc.common.errors import ConfigError
-
-        raise ConfigError(
-            "--container runs the Slurm jobs' mlhpc in an image; add --slurm, or run mlhpc in the image "
-            "yourself (apptainer exec IMAGE mlhpc run ...)"
-        )
     if args.slurm:  # submit and return: the login node needs neither torch nor data
         from mlhpc.campaign.slurm import resources_from_args, run_slurm_campaign
 
