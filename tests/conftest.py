@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 from tests.helpers.cli import mlhpc_cli
+from tests.helpers.horovod_build import horovod_last
 
 pytest_plugins = ["tests.helpers.vcluster_fixture"]  # the session's virtual Slurm cluster (fixture `vcluster`)
 
@@ -72,3 +74,12 @@ def run_mlhpc(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]
     return run
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    horovod_last(items)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker more than the CPUs, at most 6. Much of the suite waits (process
+    starts, Slurm, the virtual cluster's links) rather than computes, so a third worker on two
+    cores fills those waits; each worker brings up its own virtual cluster, hence the cap."""
+    return min((os.cpu_count() or 1) + 1, 6)

@@ -12,7 +12,7 @@ import pytest
 from mlhpc.submission_checker import check_submission
 from mlhpc.submission_checker.command import CAMPAIGN_RULESET, check_command
 from mlhpc.submission_checker.rcp_checks import rcp_configs, smoke_batch
-from tests.helpers.cli import mlhpc_cli
+from tests.helpers.cli import mlhpc_cli, said_lines
 
 V2 = Path(__file__).parents[1] / "data" / "hpc_v2.0_helmholtzai" / "HelmholtzAI"
 HOREKA_COSMOFLOW = V2 / "results" / "horeka_gpu_n512_pytorch1.13" / "strong" / "cosmoflow"
@@ -91,7 +91,7 @@ def test_every_check_error_is_one_mlhpc_line(tmp_path: Path, args: list[str]) ->
     (tmp_path / "empty").mkdir()
     proc = mlhpc_cli([a.format(org=org, empty=tmp_path / "empty") for a in args], tmp_path, 300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stderr.splitlines()
+    lines = said_lines(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("mlhpc: error: "), proc.stderr
 
 

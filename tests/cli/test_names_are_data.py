@@ -65,7 +65,8 @@ def test_results_list_and_compare_show_hostile_names_as_escapes(hostile_org: Pat
     db = str(tmp_path / "store.sqlite")
     added = mlhpc_cli(["results", "add", str(hostile_org), "--db", db], tmp_path, 300)
     assert added.returncode == 0, added.stderr
-    listed = mlhpc_cli(["results", "list", "--db", db], tmp_path, 120)
+    # Wide enough that no column is left out, however long this run's tmp path is.
+    listed = mlhpc_cli(["results", "list", "--db", db], tmp_path, 120, COLUMNS="400")
     assert listed.returncode == 0, listed.stderr
     for proc in (added, listed):
         assert raw_controls(proc.stdout) == [] and raw_controls(proc.stderr) == []

@@ -34,6 +34,7 @@ import pytest
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 from tests.helpers.cluster_runs import QUICK, TO_TARGET, assert_success, dataset, value
+from tests.helpers.horovod_build import wait_for_horovod_build
 from tests.helpers.mllog_files import mllog_events
 from tests.helpers.vcluster_fixture import VCluster
 
@@ -353,6 +354,7 @@ def test_mpirun_in_a_slurm_allocation_trains_across_two_hosts(
 
 def horovod_missing(vcluster: VCluster) -> str | None:
     """Why Horovod cannot train across the cluster's hosts here, or None."""
+    wait_for_horovod_build()
     probe = subprocess.run(
         [sys.executable, "-c", "import horovod.torch as h; print(h.mpi_built())"],
         capture_output=True,
@@ -373,6 +375,7 @@ def horovod_missing(vcluster: VCluster) -> str | None:
     return None
 
 
+@pytest.mark.horovod
 def test_horovod_under_srun_trains_across_two_hosts(
     vcluster: VCluster, quick_data: Path, local: str, param_bytes: int, work: Path
 ) -> None:

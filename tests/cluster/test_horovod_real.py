@@ -22,6 +22,7 @@ from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 from tests.helpers.cli import cli_env
+from tests.helpers.horovod_build import wait_for_horovod_build
 from tests.helpers.mllog_files import mllog_events
 
 PYTHON = sys.executable
@@ -34,12 +35,13 @@ CHECKED = ["data.num_train_samples=1024", "data.num_eval_samples=64", "loop.max_
 LAUNCH_TIMEOUT_S = 300
 OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.horovod]
 
 
 @pytest.fixture(scope="module")
 def horovod() -> dict[str, bool]:
     """Which controllers this venv's Horovod was built with; the module skips without Horovod."""
+    wait_for_horovod_build()
     probe = "import json, horovod.torch as h; print(json.dumps(dict(gloo=h.gloo_built(), mpi=h.mpi_built())))"
     proc = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:

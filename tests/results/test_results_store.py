@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from mlhpc.cli import main
 from mlhpc.submission_checker import check_submission
-from tests.helpers.cli import cli_env, mlhpc_cli
+from tests.helpers.cli import cli_env, mlhpc_cli, said_lines
 from tests.helpers.processes import held_by_another_process
 
 DATA = Path(__file__).parents[1] / "data"
@@ -33,7 +33,7 @@ def _rows(db: Path, query: str, *args: object) -> list[tuple]:
 def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    lines = err.strip().splitlines()
+    lines = said_lines(err.strip())
     assert len(lines) == 1, err
     return lines[0]
 

@@ -244,8 +244,9 @@ def test_study_with_two_ranks_as_two_nodes(tmp_path: Path) -> None:
         assert float(row["read_once_s"]) >= float(row["wall_s"]) > 0  # every rank read its copy once
         assert float(row["extra_with_sync_s"]) >= float(row["wall_s"])
     replicate, shard = staged[("replicate", "2")], staged[("shard", "2")]
-    assert float(replicate["written_mb_s"]) == pytest.approx(2 * float(replicate["dataset_mb_s"]), rel=0.01)
-    assert float(shard["written_mb_s"]) == pytest.approx(float(shard["dataset_mb_s"]), rel=0.01)
+    # Both figures are rounded to 0.1 MB/s: on a slow machine that is more than 1 %.
+    assert float(replicate["written_mb_s"]) == pytest.approx(2 * float(replicate["dataset_mb_s"]), rel=0.01, abs=0.15)
+    assert float(shard["written_mb_s"]) == pytest.approx(float(shard["dataset_mb_s"]), rel=0.01, abs=0.1)
 
 
 def test_help_has_an_example_and_the_model_prints(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
