@@ -2,7 +2,7 @@
 # mlhpc.def built and run with a real Apptainer (scripts/apptainer_tree.sh's), as CI does it.
 #
 #   sudo scripts/apptainer_image.sh build WORK [--build-arg KEY=VALUE]...   # WORK/mlhpc.sif
-#   sudo scripts/apptainer_image.sh main-job WORK                           # 1 seed from the SIF
+#   sudo scripts/apptainer_image.sh main-job WORK     # 1 seed from the SIF into WORK/runs/main.XXXXXX
 #
 # `build` writes WORK/ci.def: mlhpc.def with only its header (Bootstrap: docker, From:) swapped for
 # a Debian bookworm debootstrap, since no Docker registry need be reachable; the body is
@@ -79,13 +79,16 @@ main_job() {
     local work=${1:?"main-job WORK"}
     [[ -f $work/mlhpc.sif ]] || die "no $work/mlhpc.sif; build it first: $0 build $work"
     prepare_work "$work"
-    local started=$SECONDS
+    # A new --out each time: mlhpc run never overwrites earlier results.
+    local out started=$SECONDS
+    out=$(mktemp -d "$work/runs/main.XXXXXX")
+    chown 4242:4242 "$out"
     "$TREE_SCRIPT" run "$work" -- env SLURM_TMPDIR="$work/scratch" APPTAINER_TMPDIR="$work/tmp" \
-        apptainer run "$work/mlhpc.sif" run cosmoflow --config mini --seeds 1 --out "$work/runs/main" \
-        >"$work/main-job.log" 2>&1 || die "the main job failed; see $work/main-job.log"
-    grep -q "$work/scratch" "$work/main-job.log" ||
-        die "the main job did not stage to SLURM_TMPDIR ($work/scratch); see $work/main-job.log"
-    echo "main job from the SIF: exit 0 in $((SECONDS - started)) s"
+        apptainer run "$work/mlhpc.sif" run cosmoflow --config mini --seeds 1 --out "$out" \
+        >"$out.log" 2>&1 || die "the main job failed; see $out.log"
+    grep -q "staged to $work/scratch" "$out.log" ||
+        die "the main job did not stage to SLURM_TMPDIR ($work/scratch); see $out.log"
+    echo "main job from the SIF: exit 0 in $((SECONDS - started)) s; results in $out"
 }
 
 [[ $(id -u) == 0 ]] || die "run as root (scripts/apptainer_tree.sh needs namespaces)"

@@ -82,8 +82,8 @@ run_in_tree() {
         [[ $PWD == "$bind" || $PWD == "$bind"/* ]] && here=$PWD
     done
     # Its own mount and PID namespaces: the binds and /proc go when the command ends, and the
-    # host's mount table never sees them. The network and host name stay the caller's, so a
-    # node of scripts/vcluster runs it as itself. Folders keep their paths, so a job script's
+    # host's mount table never sees them. The network, host name and /etc/hosts stay the
+    # caller's, so a node of scripts/vcluster runs it as itself. Folders keep their paths, so a job script's
     # paths mean the same inside; the command starts in the caller's folder where it is bound.
     exec unshare --mount --pid --fork --propagation private /bin/bash -c '
         set -euo pipefail
@@ -94,6 +94,11 @@ run_in_tree() {
         mount --rbind /dev "$tree/dev"
         mount --rbind /sys "$tree/sys"
         mount -t tmpfs -o mode=1777 tmpfs "$tree/tmp"
+        # The caller'"'"'s names (a cluster'"'"'s /etc/hosts names its nodes), which Apptainer binds
+        # into each container from here.
+        for file in /etc/hosts /etc/resolv.conf; do
+            if [[ -f $file ]]; then mount --bind "$file" "$tree$file"; fi
+        done
         for ((i = 0; i < count; i++)); do
             mkdir -p "$tree$1"
             mount --rbind "$1" "$tree$1"
