@@ -7,34 +7,26 @@
 #   docker build --build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:25.04-py3 -t mlhpc:ngc .
 # (the venv below does not see an NGC image's own torch: pip installs one in mlhpc's tested range.)
 # Build and run it with podman, checked end to end: scripts/container_main_job.sh.
-# DALI data loading (the gpu extra): --build-arg WITH_DALI=1
+# Build arguments, as in mlhpc.def (scripts/image_install.sh is the one recipe both run):
+#   TORCH=pypi|cu126|cu128|cpu|INDEX-URL  which torch build (PyPI's is CUDA 13, R580+ drivers;
+#                                          cu126 runs on R525+; cpu is a fraction of the size)
+#   WITH_MPI=1   Open MPI and mpi4py (mpirun)      WITH_DALI=0   1: DALI data loading
 # Apptainer: apptainer build mlhpc.sif docker-daemon://mlhpc:latest, or see mlhpc.def.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
+ARG TORCH=pypi
+ARG WITH_MPI=1
 ARG WITH_DALI=0
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONUNBUFFERED=1 \
+ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH
 # Staging goes to $MLHPC_LOCAL_DIR, else $SLURM_TMPDIR/$TMPDIR, else /tmp; not set here so that
 # an Apptainer image made from this one still follows the host's scheduler. For fast node-local
-# disk under Docker: -v /local/nvme:/scratch -e MLHPC_LOCAL_DIR=/scratch.
-
-# A venv keeps pip away from the base's system packages (PEP 668 on Ubuntu 24.04 bases).
-# nvidia/cuda images have no Python and some Ubuntu ones lack venv: apt installs them then.
-RUN python3 -m venv /opt/venv 2>/dev/null || { \
-        apt-get update \
-        && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
-        && rm -rf /var/lib/apt/lists/* \
-        && python3 -m venv --clear /opt/venv; }
+# disk under Docker: -v /local/nvme:/local -e MLHPC_LOCAL_DIR=/local.
 
 # Sources change more often than the base: this layer (torch included) rebuilds on each change.
 COPY . /src
-RUN if [ "$WITH_DALI" = 1 ]; then pip install '/src[gpu]'; else pip install /src; fi \
-    && install -m 0755 /src/run_and_time.sh /usr/local/bin/run_and_time.sh \
-    && rm -rf /src \
-    && mlhpc --version
+RUN sh /src/scripts/image_install.sh /src "$TORCH" "$WITH_MPI" "$WITH_DALI" && rm -rf /src
 
 WORKDIR /workspace
 ENTRYPOINT ["mlhpc"]

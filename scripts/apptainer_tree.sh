@@ -6,7 +6,8 @@
 # root, a build fails where the VM's capability bounding set lacks CAP_SYS_RESOURCE).
 #
 #   sudo scripts/apptainer_tree.sh make                  # the tree (about 90 s here; kept)
-#   sudo scripts/apptainer_tree.sh run DIR -- CMD ...    # CMD in the tree, DIR bound at /work
+#   sudo scripts/apptainer_tree.sh run DIR [--bind PATH]... -- CMD ...
+#                                    # CMD in the tree; DIR and each PATH bound at their own paths
 #   sudo scripts/apptainer_tree.sh path                  # where the kept tree is
 #
 # The tree lives in $APPTAINER_TREE_CACHE (default /var/cache/mlhpc/apptainer): tree/ with a
@@ -64,32 +65,52 @@ make_tree() {
 run_in_tree() {
     [[ $(id -u) == 0 ]] || die "run as root (namespaces)"
     ready || die "no apptainer tree at $TREE; make it first: $0 make"
-    local dir=${1:?"run DIR -- CMD ..."}
+    local dir=${1:?"run DIR [--bind PATH]... -- CMD ..."} binds=() bind
     shift
-    [[ ${1:-} == -- ]] && shift
-    (($# > 0)) || die "run DIR -- CMD ...: no command"
     [[ -d $dir ]] || die "$dir is not a folder"
-    dir=$(realpath -- "$dir")
+    binds+=("$(realpath -- "$dir")")
+    while [[ ${1:-} == --bind ]]; do
+        bind=${2:?"--bind PATH"}
+        [[ -d $bind ]] || die "--bind $bind: not a folder"
+        binds+=("$(realpath -- "$bind")")
+        shift 2
+    done
+    [[ ${1:-} == -- ]] && shift
+    (($# > 0)) || die "run DIR [--bind PATH]... -- CMD ...: no command"
+    local here=${binds[0]}
+    for bind in "${binds[@]}"; do
+        [[ $PWD == "$bind" || $PWD == "$bind"/* ]] && here=$PWD
+    done
     # Its own mount and PID namespaces: the binds and /proc go when the command ends, and the
-    # host's mount table never sees them.
+    # host's mount table never sees them. The network, host name and /etc/hosts stay the
+    # caller's, so a node of scripts/vcluster runs it as itself. Folders keep their paths, so a job script's
+    # paths mean the same inside; the command starts in the caller's folder where it is bound.
     exec unshare --mount --pid --fork --propagation private /bin/bash -c '
         set -euo pipefail
-        tree=$1 dir=$2 user=$3
-        shift 3
+        tree=$1 user=$2 here=$3 count=$4
+        shift 4
         mount --bind "$tree" "$tree"
         mount -t proc proc "$tree/proc"
         mount --rbind /dev "$tree/dev"
         mount --rbind /sys "$tree/sys"
         mount -t tmpfs -o mode=1777 tmpfs "$tree/tmp"
-        mkdir -p "$tree/work" "$tree/.oldroot"
-        mount --bind "$dir" "$tree/work"
+        # The caller'"'"'s names (a cluster'"'"'s /etc/hosts names its nodes), which Apptainer binds
+        # into each container from here.
+        for file in /etc/hosts /etc/resolv.conf; do
+            if [[ -f $file ]]; then mount --bind "$file" "$tree$file"; fi
+        done
+        for ((i = 0; i < count; i++)); do
+            mkdir -p "$tree$1"
+            mount --rbind "$1" "$tree$1"
+            shift
+        done
+        mkdir -p "$tree/.oldroot"
         cd "$tree"
         pivot_root . .oldroot
-        cd /
         umount -l /.oldroot
-        cd /work
+        cd "$here"
         exec runuser -u "$user" -- "$@"
-    ' apptainer_tree "$TREE" "$dir" "$USER_NAME" "$@"
+    ' apptainer_tree "$TREE" "$USER_NAME" "$here" "${#binds[@]}" "${binds[@]}" "$@"
 }
 
 case ${1:-} in

@@ -49,6 +49,9 @@ LAUNCHERS = {
 }
 """Programs that start `mlhpc` further along their line: `srun -N 2 mlhpc run ...`."""
 
+IMAGE_MAKING = {"build", "import", "pull"}
+"""`apptainer build`, `docker build ...`: a launcher's words that make an image, not run mlhpc."""
+
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 
@@ -114,11 +117,17 @@ def mlhpc_words(words: list[str]) -> list[str] | None:
         return words[1:]
     if program not in LAUNCHERS and not program.startswith("python"):
         return None
+    if len(words) > 1 and words[1] in IMAGE_MAKING:
+        return None
     for i, word in enumerate(words[1:], start=1):
         if word == "-m" and i + 1 < len(words) and words[i + 1] == "mlhpc":
             return words[i + 2 :]
-        if word.rsplit("/", 1)[-1] == "mlhpc" or word.endswith((".sif", "mlhpc:latest")):
+        if word.rsplit("/", 1)[-1] == "mlhpc":
             return words[i + 1 :]
+        if not word.startswith("-") and word.endswith((".sif", "mlhpc:latest")):
+            # `run IMAGE ARGS` runs the image's entry point (mlhpc); `exec IMAGE mlhpc ARGS` names it
+            rest = words[i + 1 :]
+            return rest[1:] if rest and rest[0].rsplit("/", 1)[-1] == "mlhpc" else rest
     return None
 
 

@@ -409,11 +409,38 @@ def test_dockerfile_instructions_are_known() -> None:
     assert keywords.count("FROM") == 1
     assert dict(instructions)["FROM"] == "${BASE_IMAGE}"
     args = {a.split("=", 1)[0] for k, a in instructions if k == "ARG"}
-    assert {"BASE_IMAGE", "WITH_DALI"} <= args
+    assert {"BASE_IMAGE", "TORCH", "WITH_MPI", "WITH_DALI"} <= args
     entrypoints = [json.loads(a) for k, a in instructions if k == "ENTRYPOINT"]
     assert entrypoints == [["mlhpc"]]
     run_text = " ".join(a for k, a in instructions if k == "RUN")
-    assert "'/src[gpu]'" in run_text and "run_and_time.sh" in run_text
+    assert 'scripts/image_install.sh /src "$TORCH" "$WITH_MPI" "$WITH_DALI"' in run_text
+
+
+def test_both_images_install_through_the_one_recipe_with_the_same_defaults() -> None:
+    """The Dockerfile and mlhpc.def both run scripts/image_install.sh, with the same build
+    arguments and defaults: the two images cannot drift apart."""
+    docker = {a.split("=", 1)[0]: a.split("=", 1)[1] for k, a in docker_instructions(REPO / "Dockerfile")
+              if k == "ARG" and "=" in a}
+    _, sections = def_sections(REPO / "mlhpc.def")
+    apptainer = dict(line.strip().split("=", 1) for line in sections["arguments"].splitlines() if "=" in line)
+    assert apptainer == {k: docker[k] for k in ("TORCH", "WITH_MPI", "WITH_DALI")}
+    assert 'image_install.sh /src "{{ TORCH }}" "{{ WITH_MPI }}" "{{ WITH_DALI }}"' in sections["post"]
+
+
+@pytest.mark.parametrize("torch", ["cu", "cuda12", "pypi; rm -rf /", "ftp://mirror/simple"])
+def test_the_image_recipe_refuses_an_unknown_torch_build_before_it_changes_anything(
+    tmp_path: Path, torch: str
+) -> None:
+    proc = subprocess.run(
+        ["sh", str(REPO / "scripts" / "image_install.sh"), str(tmp_path), torch, "1", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"TORCH={torch}: give pypi, cpu, cu126, cu128 or an index URL" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_dockerfile_copies_existing_sources() -> None:

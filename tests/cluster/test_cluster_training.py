@@ -31,36 +31,19 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.benchmarks.cosmoflow import data as cosmo_data_module
-from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
+from tests.helpers.cluster_runs import QUICK, TO_TARGET, assert_success, dataset, value
 from tests.helpers.horovod_build import wait_for_horovod_build
 from tests.helpers.mllog_files import mllog_events
 from tests.helpers.vcluster_fixture import VCluster
 
 pytestmark = pytest.mark.cluster
 
-# A launcher test needs the ranks to train and evaluate together, not a converged model: with a
-# target the first evaluation meets, one epoch (16 steps) ends the run with status success.
-QUICK = ["data.num_train_samples=256", "data.num_eval_samples=32", "loop.max_epochs=2", "loop.target=2.0"]
-# Checked runs keep the real target (MAE 0.124): 4-7 epochs of 1,024 samples on these seeds.
-TO_TARGET = ["data.num_train_samples=1024", "data.num_eval_samples=64", "loop.max_epochs=20"]
 TWO_HOSTS = ("node01", "node02")
 RUN_TIMEOUT_S = 300
 WEAK_TIMEOUT_S = 540  # ten models to target on 2 shared cores: 2-3.5 min measured
 OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
-
-def dataset(root: Path, overrides: list[str]) -> Path:
-    """The synthetic CosmoFlow set `overrides` ask for, with its manifest, on the shared disk."""
-    from mlhpc.staging import build_manifest
-    from mlhpc.staging.manifest import MANIFEST_NAME
-
-    cfg = load_config(CosmoFlowConfig, registry.get("cosmoflow").config_path("mini"), overrides)
-    cosmo_data_module.generate(cfg, root, seed=3)
-    build_manifest(root).write(root / MANIFEST_NAME)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -111,24 +94,11 @@ def sent_bytes(vcluster: VCluster) -> dict[str, int]:
     }
 
 
-def value(events: list[dict], key: str) -> object:
-    return next(e["value"] for e in events if e["key"] == key)
-
-
 def training_steps(events: list[dict]) -> int:
     """Optimizer steps a run took: its epochs times the steps of one epoch."""
     stop = next(e for e in events if e["key"] == "run_stop")
     per_epoch = -(-int(value(events, "train_samples")) // int(value(events, "global_batch_size")))
     return int(stop["metadata"]["epoch_num"]) * per_epoch
-
-
-def assert_success(log: Path, seed: int, nodes: int) -> list[dict]:
-    events = mllog_events(log)
-    stop = next(e for e in events if e["key"] == "run_stop")
-    assert stop["metadata"]["status"] == "success", (log, stop)
-    assert value(events, "seed") == seed
-    assert value(events, "number_of_nodes") == nodes, log
-    return events
 
 
 def system_json(out: Path) -> dict:
