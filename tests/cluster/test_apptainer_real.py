@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 IMAGE_SCRIPT = REPO / "scripts" / "apptainer_image.sh"
 TREE_SCRIPT = REPO / "scripts" / "apptainer_tree.sh"
 TREE_USER_ID = 4242  # the tree's unprivileged user, who runs Apptainer (--fakeroot builds)
-BUILD_TIMEOUT_S = 1800
+BUILD_TIMEOUT_S = 3600  # 1,869 s measured beside a loaded suite (perf/RESULTS.md)
 RUN_TIMEOUT_S = 600
 
 
