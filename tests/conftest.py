@@ -13,7 +13,7 @@ from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 from tests.helpers.cli import mlhpc_cli
-from tests.helpers.horovod_build import horovod_last
+from tests.helpers.horovod_build import ci_order
 
 pytest_plugins = ["tests.helpers.vcluster_fixture"]  # the session's virtual Slurm cluster (fixture `vcluster`)
 
@@ -75,11 +75,12 @@ def run_mlhpc(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    horovod_last(items)
+    ci_order(items)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: one worker more than the CPUs, at most 6. Much of the suite waits (process
+    """`-n auto` (with `--dist loadgroup`: a module marked `xdist_group` stays on one worker): one
+    worker more than the CPUs, at most 6. Much of the suite waits (process
     starts, Slurm, the virtual cluster's links) rather than computes, so a third worker on two
     cores fills those waits; each worker brings up its own virtual cluster, hence the cap."""
     return min((os.cpu_count() or 1) + 1, 6)

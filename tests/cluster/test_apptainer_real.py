@@ -28,7 +28,8 @@ from tests.helpers.cli import REPO
 from tests.helpers.cluster_runs import QUICK, TO_TARGET, assert_success, dataset
 from tests.helpers.vcluster_fixture import VCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# One worker runs the whole module (its image is built once), and first: the build overlaps the rest.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.image_build, pytest.mark.xdist_group("apptainer")]
 
 IMAGE_SCRIPT = REPO / "scripts" / "apptainer_image.sh"
 TREE_SCRIPT = REPO / "scripts" / "apptainer_tree.sh"

@@ -1,7 +1,8 @@
 """Horovod built while the tests run: `.ci/run` starts scripts/install_horovod.sh in the
 background (about 5 minutes on 2 cores on a fresh machine) and names, in MLHPC_HOROVOD_BUILD, a
 file it writes when the build has ended. The tests marked `horovod` then run last and wait for
-that file before they look for Horovod; without the variable nothing waits."""
+that file before they look for Horovod; without the variable nothing waits. `ci_order` also
+puts the tests that build a container image first."""
 
 from __future__ import annotations
 
@@ -33,7 +34,15 @@ def wait_for_horovod_build(wait_s: float = WAIT_S) -> None:
         time.sleep(2)
 
 
-def horovod_last(items: list[pytest.Item]) -> None:
-    """Move the `horovod` tests to the end while their build runs: the others go first."""
-    if build_pending():
-        items.sort(key=lambda item: item.get_closest_marker("horovod") is not None)
+def ci_order(items: list[pytest.Item]) -> None:
+    """The order the workers take tests in: those marked `image_build` first (their module builds a
+    container image for minutes, which then overlaps the rest of the suite), those marked
+    `horovod` last while their build runs; the rest as collected (the sort is stable)."""
+    pending = build_pending()
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("image_build") is not None:
+            return 0
+        return 2 if pending and item.get_closest_marker("horovod") is not None else 1
+
+    items.sort(key=rank)
