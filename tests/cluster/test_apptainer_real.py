@@ -46,6 +46,13 @@ def apptainer_missing() -> str | None:
     return None
 
 
+def image_script(command: str, work: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`scripts/apptainer_image.sh COMMAND WORK`, its output captured."""
+    return subprocess.run(
+        [str(IMAGE_SCRIPT), command, str(work)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 @pytest.fixture(scope="module")
 def image_work() -> Iterator[Path]:
     """mlhpc.def built into WORK/mlhpc.sif (on disk: /var/tmp, not the tmpfs /run)."""
@@ -59,13 +66,7 @@ def image_work() -> Iterator[Path]:
         return
     work = Path(f"/var/tmp/mlhpc-apptainer-test-{uuid.uuid4().hex[:8]}")
     try:
-        proc = subprocess.run(
-            [str(IMAGE_SCRIPT), "build", str(work)],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
+        proc = image_script("build", work, timeout=BUILD_TIMEOUT_S)
         if "debootstrap of Debian sid failed" in proc.stderr:
             pytest.skip(f"no Apptainer tree here: {proc.stderr.strip()}")
         log = (work / "build.log").read_text()[-4000:] if (work / "build.log").exists() else ""
@@ -86,13 +87,7 @@ def test_the_built_definition_is_mlhpc_def_with_only_its_header_swapped(image_wo
 
 
 def test_the_main_job_runs_from_the_sif_and_stages_where_slurm_says(image_work: Path) -> None:
-    proc = subprocess.run(
-        [str(IMAGE_SCRIPT), "main-job", str(image_work)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
+    proc = image_script("main-job", image_work, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout.strip())
     out = Path(proc.stdout.split("; results in ")[-1].strip())
