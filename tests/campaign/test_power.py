@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -189,7 +190,15 @@ def test_mlhpc_run_power_then_check_reports_the_energy(tmp_path: Path) -> None:
     (scored,) = report.entries
     middle = sorted(scored.runs, key=lambda r: r.minutes or 0.0)[1]  # the olympic mean of three
     assert scored.energy_j == pytest.approx(95.0 * (middle.minutes or 0.0) * 60, rel=0.25)
-    assert not [f for f in scored.findings if f.rule == "energy"]
+    assert not [f for f in scored.findings if f.rule == "energy" and not starved_meter(f.message)]
+
+
+def starved_meter(message: str) -> bool:
+    """The gap warning, up to 2 s: mlhpc samples every 0.5 s and skips a reading when the counter
+    stood still; this test's meter is a thread of its own process, which a loaded machine can
+    starve for a second (CI saw 1,292 ms). A sampler slower than that still fails the test."""
+    gap = re.fullmatch(r"readings (\d+) ms apart; .*", message)
+    return gap is not None and int(gap.group(1)) < 2000
 
 
 def test_power_refused_for_instances_sharing_nodes() -> None:
