@@ -26,8 +26,9 @@ die() {
 prepare_work() {
     local work=$1
     mkdir -p "$work/tmp" "$work/scratch" "$work/runs"
-    # The tree runs Apptainer as its unprivileged user (uid 4242), which must write here.
-    chown -R 4242:4242 "$work"
+    # The tree runs Apptainer as its unprivileged user (uid 4242), which must write here: these
+    # folders only, never recursively (WORK may be a folder of the caller's).
+    chown 4242:4242 "$work" "$work/tmp" "$work/scratch" "$work/runs"
 }
 
 ci_def() {
