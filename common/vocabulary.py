@@ -29,8 +29,8 @@ Staging = Literal["inside", "before"]
 STAGINGS: tuple[Staging, ...] = get_args(Staging)
 DEFAULT_STAGING: Staging = "inside"
 
-StagingIo = Literal["auto", "buffered", "direct", "kernel"]
-"""The staging copy's I/O path (`mlhpc stage --io`, `mlhpc run --io`)."""
+StagingIo = Literal["auto", "buffered"]
+"""The staging copy's I/O path (`mlhpc stage --io`, `mlhpc run --io`): both the one page-cache path."""
 IO_CHOICES: tuple[StagingIo, ...] = get_args(StagingIo)
 
 STAGING_BEFORE_RUN_START_SINCE: Ruleset = "3.0.0"

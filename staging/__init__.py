@@ -2,35 +2,42 @@
 
 Torch-free so it runs on a login node; ranks coordinate through a small `Communicator`
 (torch.distributed or MPI, imported only when used) or, on one node, a barrier callable.
+The names below are imported when first used, so that `import mlhpc.staging` (and a copy
+worker process, `python -m mlhpc.staging.parallel`) costs nothing it does not need.
 """
 
-from mlhpc.staging.comm import CallbackComm, Communicator
-from mlhpc.staging.connect import comm_for, make_comm
-from mlhpc.staging.destination import STAGED_MARKER
-from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE, resolve_local_dir
-from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, hash_file
-from mlhpc.staging.plan import MODES, Mode, Topology
-from mlhpc.staging.request import StageReport, StageRequest
-from mlhpc.staging.stage import stage_dataset
-from mlhpc.staging.verify import verify_staged
+from __future__ import annotations
 
-__all__ = [
-    "LOCAL_DIR_VARIABLE",
-    "MANIFEST_NAME",
-    "MODES",
-    "STAGED_MARKER",
-    "CallbackComm",
-    "Communicator",
-    "Manifest",
-    "Mode",
-    "StageReport",
-    "StageRequest",
-    "Topology",
-    "build_manifest",
-    "comm_for",
-    "hash_file",
-    "make_comm",
-    "resolve_local_dir",
-    "stage_dataset",
-    "verify_staged",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "CallbackComm": "comm",
+    "Communicator": "comm",
+    "comm_for": "connect",
+    "make_comm": "connect",
+    "STAGED_MARKER": "destination",
+    "LOCAL_DIR_VARIABLE": "localdir",
+    "resolve_local_dir": "localdir",
+    "MANIFEST_NAME": "manifest",
+    "Manifest": "manifest",
+    "build_manifest": "manifest",
+    "hash_file": "manifest",
+    "MODES": "plan",
+    "Mode": "plan",
+    "Topology": "plan",
+    "CopyOptions": "request",
+    "StageReport": "request",
+    "StageRequest": "request",
+    "stage_dataset": "stage",
+    "verify_staged": "verify",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

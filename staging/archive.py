@@ -21,12 +21,9 @@ import xxhash
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio.safepath import link_target, relative_path
 from mlhpc.staging.archive_stream import open_archive
+from mlhpc.staging.engine import PARTIAL_SUFFIX, SLICE_BYTES
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
-from mlhpc.staging.origin import open_regular
-from mlhpc.staging.sink import (
-    BUFFER_BYTES,
-    PARTIAL_SUFFIX,
-)
+from mlhpc.staging.source import open_source
 
 ARCHIVE_KINDS = {".tar": "tar", ".tar.gz": "gz", ".tgz": "gz", ".tar.zst": "zst", ".tzst": "zst"}
 
@@ -51,7 +48,7 @@ def estimated_bytes(path: Path, kind: str, manifest: Manifest | None) -> int:
     if kind == "zst":
         import zstandard
 
-        with open(open_regular(path), "rb", closefd=True) as handle:
+        with open(open_source(path), "rb", closefd=True) as handle:
             try:
                 content = zstandard.frame_content_size(handle.read(18))
             except zstandard.ZstdError:
@@ -70,7 +67,7 @@ def unchecked_warning(path: Path, kind: str | None) -> str | None:
         import zstandard
 
         try:
-            with open(open_regular(path), "rb", closefd=True) as handle:
+            with open(open_source(path), "rb", closefd=True) as handle:
                 checked = zstandard.get_frame_parameters(handle.read(18)).has_checksum
         except (OSError, StagingError, zstandard.ZstdError):
             return None  # staging names what is wrong with it
@@ -116,7 +113,7 @@ def build_archive_manifest(path: Path, algorithm: str = "xxh3_128") -> Manifest:
     if kind is None:
         raise StagingError(f"{path} is not a .tar, .tar.gz or .tar.zst archive")
     entries = {}
-    with open(open_regular(path), "rb", closefd=True) as raw, open_archive(raw, kind, path) as tar:
+    with open(open_source(path), "rb", closefd=True) as raw, open_archive(raw, kind, path) as tar:
         for member in tar:
             name = check_member(member, path)
             if name is None or not member.isfile() or name == MANIFEST_NAME:
@@ -126,7 +123,7 @@ def build_archive_manifest(path: Path, algorithm: str = "xxh3_128") -> Manifest:
             hasher = new_hasher(algorithm)
             handle = tar.extractfile(member)
             assert handle is not None
-            while data := handle.read(BUFFER_BYTES):
+            while data := handle.read(SLICE_BYTES):
                 hasher.update(data)
             entries[name] = FileEntry(name, member.size, hasher.hexdigest())  # a later copy wins
     return Manifest(algorithm, tuple(sorted(entries.values(), key=lambda f: f.path)))

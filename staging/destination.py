@@ -22,10 +22,10 @@ from mlhpc.common.safeio.locks import LOCK_NAME, FolderBusy, folder_lock
 from mlhpc.common.safeio.safe_read import read_bytes
 from mlhpc.common.safeio.safepath import inside
 from mlhpc.staging.comm import Communicator, agree
+from mlhpc.staging.engine import PARTIAL_SUFFIX, write_error
 from mlhpc.staging.journal import JOURNAL_PREFIX
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE
 from mlhpc.staging.manifest import MANIFEST_NAME
-from mlhpc.staging.sink import PARTIAL_SUFFIX, write_error
 
 STAGED_MARKER = ".mlhpc_staged.json"
 
@@ -99,7 +99,7 @@ def folder_mode(src_folder: Path) -> int:
 def agree_destination(comm: Communicator, dest: Path, needed: int) -> tuple[bool, str]:
     """Check that the ranks of each node name one directory; local rank 0 prepares it (drops an
     old marker and our own partial files, refuses a disk that is too small) and records this
-    run's token there. Returns: was it empty, and the node's run token (`SinkOptions.run_token`)."""
+    run's token there. Returns: was it empty, and the node's run token (`CopyOptions.run_token`)."""
     topo = comm.topology
     error, fresh, token = None, False, ""
     if topo.local_rank == 0:

@@ -1,25 +1,36 @@
-"""The replicate exchange: each node reads its share once and all nodes get every byte
-(the byte streams that carry its files are in file_streams.py).
+"""The replicate exchange: each node reads its share once and all nodes get every byte.
 
 Rounds of a fixed-size all-gather within a peer group: in each round every node contributes
 the next chunk of its byte stream (prefetched by a reader thread) behind a small header that
 carries an error, if it has one, so that every rank stops in the same round with the same
 message. A writer thread hashes and writes the received chunks while the next round runs.
+
+A peer group's files travel as byte streams: each node reads its files in order, chunk after
+chunk (`FileStreamReader`, through the source seam), and every node cuts each sender's stream
+back into files, each written by the engine (`engine.Partial`: hashed, verified, renamed;
+`FileStreamsConsumer`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging.comm import Communicator, lost_peer, rank_label
+from mlhpc.staging.engine import Partial, Staged, staged_path
+from mlhpc.staging.journal import journal
 from mlhpc.staging.manifest import FileEntry
-from mlhpc.staging.sink import BufferPool
+from mlhpc.staging.plan import Exchange, StreamItem
+from mlhpc.staging.request import CopyOptions
+from mlhpc.staging.source import Source
 
 HEADER_BYTES = 4096
 ROUND_BUDGET_BYTES = 256 << 20
@@ -31,6 +42,25 @@ def chunk_size(chunk_bytes: int, peers: int) -> int:
     """A chunk per peer and round: `chunk_bytes`, smaller when many peers share the round budget."""
     per_peer = min(chunk_bytes, max(_MIN_CHUNK, ROUND_BUDGET_BYTES // max(1, peers)))
     return max(_MIN_CHUNK, per_peer // 4096 * 4096)
+
+
+class BufferPool:
+    """Reusable round buffers: fresh pages cost a page fault each, reused ones do not. Private
+    anonymous memory, not `mmap`'s default shared mapping, whose pages are shmem's."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, size: int) -> mmap.mmap:
+        with self._lock:
+            if free := self._free.get(size):
+                return free.pop()
+        return mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+    def put(self, buffer: mmap.mmap) -> None:
+        with self._lock:
+            self._free.setdefault(len(buffer), []).append(buffer)
 
 
 class Producer(Protocol):
@@ -191,3 +221,180 @@ def _write_header(buffer: object, error: str | None) -> None:
 def _read_header(view: memoryview) -> str:
     size = int.from_bytes(view[:4], "little")
     return bytes(view[4 : 4 + size]).decode(errors="replace")
+
+
+class FileStreamReader:
+    """This node's stream: its files, read in order, chunk after chunk (a file this node holds
+    already is read from its verified copy, not from the source)."""
+
+    def __init__(self, items: Sequence[StreamItem], src_root: str, dest_root: str, options: CopyOptions) -> None:
+        self.items = list(items)
+        self.source, self.held = Source(src_root), Source(dest_root)
+        self.options = options
+        self.read_bytes = 0
+        """Bytes read from the source (not from node-local copies)."""
+        self._index = 0
+        self._fd = -1
+        self._left = 0
+        self._path = ""
+        self._current = StreamItem(FileEntry("", 0, ""))
+
+    def fill(self, round_index: int, view: memoryview) -> int:
+        filled = 0
+        while filled < len(view):
+            if self._fd < 0 and not self._open_next():
+                break
+            n = os.readv(self._fd, [view[filled : filled + min(self._left, len(view) - filled)]])
+            if n == 0:
+                raise StagingError(f"staging source file {self._path} is shorter than its listing; stage again")
+            filled += n
+            self._left -= n
+            if not self._current.from_dest:
+                self.read_bytes += n
+            if self._left == 0:
+                os.close(self._fd)
+                self._fd = -1
+        return filled
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _open_next(self) -> bool:
+        while self._index < len(self.items):
+            item = self.items[self._index]
+            self._index += 1
+            if item.entry.size == 0:
+                continue
+            where = self.held if item.from_dest else self.source
+            rel = staged_path(item.entry.path, self.options) if item.from_dest else item.entry.path
+            self._path = where.path(rel)
+            self._fd = where.open(rel)
+            size = os.fstat(self._fd).st_size
+            if size != item.entry.size:
+                raise StagingError(
+                    f"staging source file {self._path} has {size} bytes, its listing says "
+                    f"{item.entry.size}; the source changed: stage again"
+                )
+            self._current = item
+            self._left = size
+            return True
+        return False
+
+
+class StreamSinks:
+    """One sender's stream on the receiving side, cut into files. A file that lies whole in one
+    piece goes to `pool` (small files: many at a time); one spread over pieces is written here."""
+
+    def __init__(
+        self,
+        items: Sequence[StreamItem],
+        have: frozenset[str],
+        dest_root: str,
+        options: CopyOptions,
+        pool: ThreadPoolExecutor,
+        on_done: Callable[[list[Staged]], None],
+    ) -> None:
+        self.items = list(items)
+        self.have = have
+        self.dest_root = dest_root
+        self.options = options
+        self.pool = pool
+        self.on_done = on_done
+        self.staged: list[Staged] = []
+        self.pending: list[Future[None]] = []
+        self._index = 0
+        self._offset = 0
+        self._partial: Partial | None = None
+
+    def feed(self, piece: memoryview) -> None:
+        while self._index < len(self.items):
+            entry = self.items[self._index].entry
+            take = min(len(piece), entry.size - self._offset)
+            if self._offset == 0 and take == entry.size:  # the whole file is in this piece
+                if entry.path not in self.have:
+                    self.pending.append(self.pool.submit(self._write_whole, entry, piece[:take]))
+                self._next()
+            elif take:
+                if self._offset == 0 and entry.path not in self.have:
+                    self._partial = Partial(self.dest_root, entry, self.options)
+                if self._partial is not None:
+                    self._partial.write(piece[:take])
+                self._offset += take
+                if self._offset == entry.size:
+                    self._end_partial()
+            else:
+                return
+            piece = piece[take:]
+
+    def _write_whole(self, entry: FileEntry, data: memoryview) -> None:
+        with Partial(self.dest_root, entry, self.options) as partial:
+            partial.write(data)
+            self._record(partial.finish())
+
+    def _end_partial(self) -> None:
+        if self._partial is not None:
+            partial, self._partial = self._partial, None
+            with partial:
+                self._record(partial.finish())
+        self._next()
+
+    def _next(self) -> None:
+        self._index += 1
+        self._offset = 0
+
+    def _record(self, staged: Staged) -> None:
+        journal(self.dest_root, self.options.run_token).record(staged)
+        self.staged.append(staged)
+        self.on_done([staged])
+
+    def check_complete(self) -> None:
+        if self._index < len(self.items):
+            raise StagingError(f"staging exchange ended before {self.items[self._index].entry.path} was complete")
+
+    def abort(self) -> None:
+        if self._partial is not None:
+            self._partial.abort()
+            self._partial = None
+
+
+class FileStreamsConsumer:
+    """All senders' streams of a peer group on this node; small files written `threads` at a time."""
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        have: frozenset[str],
+        dest_root: str,
+        options: CopyOptions,
+        on_done: Callable[[list[Staged]], None] = lambda staged: None,
+    ) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=max(1, options.threads))
+        self.streams = [
+            StreamSinks(items, have, dest_root, options, self.pool, on_done) for items in exchange.streams
+        ]
+
+    def consume(self, pieces: list[memoryview]) -> None:
+        """Write one round; returns when all of it is written (the round's buffer is reused)."""
+        try:
+            for stream, piece in zip(self.streams, pieces, strict=True):
+                stream.feed(piece)
+        finally:
+            pending = [f for stream in self.streams for f in stream.pending]
+            for stream in self.streams:
+                stream.pending = []
+            wait(pending)
+        for future in pending:
+            future.result()
+
+    def close(self) -> list[Staged]:
+        self.consume([memoryview(b"")] * len(self.streams))  # files of 0 bytes at the ends
+        for stream in self.streams:
+            stream.check_complete()
+        return [staged for stream in self.streams for staged in stream.staged]
+
+    def abort(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for stream in self.streams:
+            stream.abort()

@@ -1,50 +1,37 @@
-"""The executor: carry out one rank's part of a staging plan, for a directory or an archive."""
+"""The executor: carry out one rank's part of a staging plan, for a directory or an archive,
+with a progress bar (files, bytes and MB/s) on rank 0 at a terminal."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import IO
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
 from mlhpc.staging.archive_stream import Pipe
-from mlhpc.staging.buffered import make_folders
 from mlhpc.staging.comm import Communicator
-from mlhpc.staging.copy import CopyJob
-from mlhpc.staging.exchange import chunk_size, exchange_rounds, peer_have_sets
+from mlhpc.staging.engine import Staged, make_folders, staged_path
+from mlhpc.staging.exchange import (
+    FileStreamReader,
+    FileStreamsConsumer,
+    chunk_size,
+    exchange_rounds,
+    peer_have_sets,
+)
 from mlhpc.staging.extract import ArchiveExtractor
-from mlhpc.staging.file_streams import FileStreamReader, FileStreamsConsumer
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import FileEntry, Manifest
-from mlhpc.staging.origin import changed_while_copied, current_identity, open_regular, recorded_identity
-from mlhpc.staging.parallel import run_copies, shape
-from mlhpc.staging.plan import Mode, plan_copies, plan_exchange, rank_files, uses_exchange
-from mlhpc.staging.progress import StageProgress
-from mlhpc.staging.sink import SinkOptions, Staged, staged_path
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    """How one rank stages (the knobs of `stage_dataset`)."""
-
-    mode: Mode
-    options: SinkOptions
-    direct_reads: bool
-    kernel_copy: bool = False
-    """Large files copied in the kernel (`--io kernel`)."""
-    memory_bytes: int | None = None
-    """The memory this node may use (None: unknown): the direct path's buffers fit in it."""
-    source_cached: bool = False
-    """The source is in the page cache: copies wait on the CPU, not the disk, so threads
-    beyond the CPUs only queue for them."""
-    workers: int
-    processes: int | None
-    chunk_bytes: int
-    progress: bool
+from mlhpc.staging.parallel import run_copies
+from mlhpc.staging.plan import plan_copies, plan_exchange, rank_files, uses_exchange
+from mlhpc.staging.request import CopyOptions
+from mlhpc.staging.source import Source, changed_while_copied, open_source, recorded_identity
 
 
 @dataclass
@@ -70,43 +57,26 @@ def stage_directory(
     dest: Path,
     manifest: Manifest,
     evidence: dict[str, Staged] | None,
-    settings: Settings,
+    options: CopyOptions,
 ) -> Work:
     """Copy this rank's files from the source, or exchange them with the other nodes."""
     topo = comm.topology
-    files = rank_files(manifest, settings.mode, topo)
-    kept = [] if evidence is None else find_staged(src, dest, files, evidence, settings)
+    files = rank_files(manifest, options.mode, topo)
+    kept = [] if evidence is None else find_staged(src, dest, files, evidence, options)
     have = frozenset(s.source for s in kept)
-    if uses_exchange(settings.mode, topo):
-        return _exchange_directory(comm, src, dest, files, have, settings) if topo.in_exchange else Work()
+    if uses_exchange(options.mode, topo):
+        return _exchange_directory(comm, src, dest, files, have, options) if topo.in_exchange else Work()
     ops = plan_copies(files, have)
-    job, processes = shape(
-        CopyJob(
-            str(src),
-            str(dest),
-            settings.options,
-            threads=settings.workers,
-            direct_reads=settings.direct_reads,
-            kernel_copy=settings.kernel_copy,
-        ),
-        [op.entry.size for op in ops],
-        workers=settings.workers,
-        processes=settings.processes,
-        local_size=topo.local_size,
-        source_cached=settings.source_cached,
-        memory_bytes=settings.memory_bytes,
-    )
-    make_folders(str(dest), [staged_path(op.entry.path, settings.options) for op in ops])
-    with StageProgress(
-        settings.progress, len(ops), sum(op.entry.size for op in ops), f"staging {src.name}"
-    ) as progress:
-        staged = run_copies(ops, job, processes, progress.advance)
+    make_folders(str(dest), [staged_path(op.entry.path, options) for op in ops])
+    entries = [op.entry for op in ops]
+    with StageProgress(options.progress, len(ops), sum(f.size for f in entries), f"staging {src.name}") as progress:
+        staged = run_copies(entries, str(src), str(dest), options, progress.advance)
     records = {s.source: s for s in [*kept, *staged]} if topo.local_size == 1 else None
     return Work(staged, skipped=len(have), read_bytes=sum(op.entry.size for op in ops), records=records)
 
 
 def find_staged(
-    src: Path, dest: Path, files: list[FileEntry], evidence: dict[str, Staged], settings: Settings
+    src: Path, dest: Path, files: list[FileEntry], evidence: dict[str, Staged], options: CopyOptions
 ) -> list[Staged]:
     """The files a rerun may skip: staged before from a source file that has not changed since,
     and still verifying (each source stat'ed and each copy hashed, in parallel).
@@ -114,14 +84,16 @@ def find_staged(
     Each is journaled again, so that the node's manifest lists it even when the evidence was
     only the source manifest (a copy made before journals, or by another tool)."""
 
+    source = Source(src)
+
     def kept(entry: FileEntry) -> Staged | None:
         if entry.path not in evidence and not entry.checksum:
             return None  # nothing to go on: no stat of the source needed
-        return already_staged(dest, entry, evidence, settings.options, current_identity(src / entry.path))
+        return already_staged(dest, entry, evidence, options, source.identity(entry.path))
 
-    with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, options.threads)) as pool:
         found = [s for s in pool.map(kept, files) if s]
-    journal(str(dest), settings.options.run_token).record_many(found)
+    journal(str(dest), options.run_token).record_many(found)
     return found
 
 
@@ -131,21 +103,19 @@ def _exchange_directory(
     dest: Path,
     files: list[FileEntry],
     have: frozenset[str],
-    settings: Settings,
+    options: CopyOptions,
 ) -> Work:
     topo = comm.topology
     haves = peer_have_sets(comm, files, have, None)
-    exchange = plan_exchange(files, haves, send_from_dest=not settings.options.decompress)
-    chunk = chunk_size(settings.chunk_bytes, topo.num_nodes)
+    exchange = plan_exchange(files, haves, send_from_dest=not options.decompress)
+    chunk = chunk_size(options.chunk_bytes, topo.num_nodes)
     lengths = [exchange.stream_bytes(n) for n in range(topo.num_nodes)]
     incoming = [i.entry for stream in exchange.streams for i in stream if i.entry.path not in have]
-    reader = FileStreamReader(exchange.streams[topo.node], str(src), str(dest), settings.options)
+    reader = FileStreamReader(exchange.streams[topo.node], str(src), str(dest), options)
     with StageProgress(
-        settings.progress, len(incoming), sum(f.size for f in incoming), f"replicating {src.name}"
+        options.progress, len(incoming), sum(f.size for f in incoming), f"replicating {src.name}"
     ) as progress:
-        consumer = FileStreamsConsumer(
-            exchange, have, str(dest), settings.options, settings.workers, progress.advance
-        )
+        consumer = FileStreamsConsumer(exchange, have, str(dest), options, progress.advance)
         try:
             error = exchange_rounds(
                 comm,
@@ -171,7 +141,7 @@ def stage_archive(
     dest: Path,
     manifest: Manifest | None,
     evidence: dict[str, Staged],
-    settings: Settings,
+    options: CopyOptions,
 ) -> Work:
     """Local rank 0 of each node extracts the archive: read directly, or (replicate and shard
     over several nodes) striped over the nodes so that it is read once in total."""
@@ -179,23 +149,23 @@ def stage_archive(
     if topo.local_rank != 0:
         return Work()
     try:
-        fd = open_regular(src)
+        fd = open_source(src)
     except OSError as e:
         raise StagingError(
             f"cannot read staging source {src} ({e.strerror}); check it and its permissions"
         ) from e
     opened = os.fstat(fd)
-    extractor = _extractor(comm, src, dest, manifest, evidence, settings, origin=recorded_identity(opened))
+    extractor = _extractor(comm, src, dest, manifest, evidence, options, origin=recorded_identity(opened))
     total = manifest.total_bytes if manifest is not None else archives.estimated_bytes(src, kind, None)
     with (
         StageProgress(
-            settings.progress, len(manifest.files) if manifest else 0, total, f"extracting {src.name}"
+            options.progress, len(manifest.files) if manifest else 0, total, f"extracting {src.name}"
         ) as bar,
         open(fd, "rb", closefd=True) as handle,
     ):
         extractor.on_done = bar.advance
-        if settings.mode != "copy" and topo.num_nodes > 1 and comm.collective:
-            read = _exchange_archive(comm, src, kind, extractor, settings)
+        if options.mode != "copy" and topo.num_nodes > 1 and comm.collective:
+            read = _exchange_archive(comm, src, kind, extractor, options)
         else:
             counting = _Counting(handle)
             extractor.run(counting, kind)
@@ -211,24 +181,24 @@ def _extractor(
     dest: Path,
     manifest: Manifest | None,
     evidence: dict[str, Staged],
-    settings: Settings,
+    options: CopyOptions,
     *,
     origin: str,
 ) -> ArchiveExtractor:
     """The extractor of this node's members: all of them, or in shard mode over several nodes
     the ones `archives.member_node` gives this node."""
     topo = comm.topology
-    sharded = settings.mode == "shard" and topo.num_nodes > 1
+    sharded = options.mode == "shard" and topo.num_nodes > 1
     return ArchiveExtractor(
         src,
         dest,
-        settings.options,
+        options,
         manifest,
         evidence,
         keep=(lambda p: archives.member_node(p, topo.num_nodes) == topo.node)
         if sharded
         else (lambda p: True),
-        workers=settings.workers,
+        workers=options.threads,
         origin=origin,
     )
 
@@ -250,7 +220,7 @@ class _Stripes:
     """This node's stripes of the archive: chunk k of it is read by node k mod N."""
 
     def __init__(self, path: Path, node: int, nodes: int, chunk: int) -> None:
-        self._fd = open_regular(path)
+        self._fd = open_source(path)
         self.size = os.fstat(self._fd).st_size
         self.node, self.nodes, self.chunk = node, nodes, chunk
         self.read_bytes = 0
@@ -292,10 +262,10 @@ class _PipeFeed:
 
 
 def _exchange_archive(
-    comm: Communicator, src: Path, kind: str, extractor: ArchiveExtractor, settings: Settings
+    comm: Communicator, src: Path, kind: str, extractor: ArchiveExtractor, options: CopyOptions
 ) -> int:
     topo = comm.topology
-    chunk = chunk_size(settings.chunk_bytes, topo.num_nodes)
+    chunk = chunk_size(options.chunk_bytes, topo.num_nodes)
     stripes = _Stripes(src, topo.node, topo.num_nodes, chunk)
     pipe = Pipe()
     stopped = threading.Event()
@@ -324,3 +294,48 @@ def _exchange_archive(
     if outcome:
         raise outcome[0]
     return stripes.read_bytes
+
+
+class StageProgress:
+    """A rich progress bar over this rank's share; does nothing unless enabled at a terminal."""
+
+    def __init__(self, enabled: bool, files: int, total_bytes: int, label: str) -> None:
+        self._bar = None
+        self._lock = threading.Lock()
+        self._files = 0
+        self._total_files = files
+        if not (enabled and sys.stderr.isatty()):
+            return
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[files]}"),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            transient=False,
+        )
+        self._task = self._bar.add_task(label, total=total_bytes, files=f"0/{files} files")
+
+    def advance(self, staged: Sequence[Staged]) -> None:
+        if self._bar is None:
+            return
+        with self._lock:
+            self._files += len(staged)
+            self._bar.update(
+                self._task,
+                advance=sum(s.size for s in staged),
+                files=f"{self._files}/{self._total_files} files",
+            )
+
+    def __enter__(self) -> StageProgress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -21,16 +21,10 @@ from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio.safepath import inside, landing, relative_path
 from mlhpc.staging.archive import check_member
 from mlhpc.staging.archive_stream import CorruptArchiveError, open_archive
+from mlhpc.staging.engine import SLICE_BYTES, Partial, Staged, checked_dirs
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
-from mlhpc.staging.sink import (
-    BUFFER_BYTES,
-    BufferPool,
-    FileSink,
-    SinkOptions,
-    Staged,
-    checked_dirs,
-)
+from mlhpc.staging.request import CopyOptions
 
 log = logging.getLogger(__name__)
 _POOLED_MEMBER_BYTES = 16 << 20  # smaller members are written by the thread pool
@@ -45,7 +39,7 @@ class ArchiveExtractor:
         self,
         archive: Path,
         dest: Path,
-        options: SinkOptions,
+        options: CopyOptions,
         manifest: Manifest | None,
         evidence: dict[str, Staged],
         keep: Callable[[str], bool] = lambda path: True,
@@ -72,10 +66,9 @@ class ArchiveExtractor:
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers))
         self._futures: list[Future[Staged]] = []
         self._budget = threading.BoundedSemaphore(_IN_FLIGHT_BYTES >> 20)
-        self._buffers = BufferPool()
         self._lock = threading.Lock()
         self._real_dirs = checked_dirs(str(dest), fresh=True)
-        """Directories under `dest` seen to be real ones (no symlink), shared with `FileSink`;
+        """Directories under `dest` seen to be real ones (no symlink), shared with the engine;
         links are made last and never replace a directory, so they stay real."""
         self._real_dest = os.path.realpath(dest)
         self._seen: set[str] = set()
@@ -170,20 +163,17 @@ class ArchiveExtractor:
             if len(self._futures) > 4096:
                 self._drain(done_only=True)
             return
-        self._write(entry, iter(lambda: handle.read(BUFFER_BYTES), b""), 0, member.mode)
+        self._write(entry, iter(lambda: handle.read(SLICE_BYTES), b""), 0, member.mode)
 
     def _write(self, entry: FileEntry, pieces: Iterable[bytes], megabytes: int, mode: int) -> Staged:
-        """Write one member; it keeps its mode (FileSink drops setuid, setgid, sticky), and u+rw,
+        """Write one member; it keeps its mode (the engine drops setuid, setgid, sticky), and u+rw,
         so that staging can read it back to verify it and write it again on a rerun."""
-        buffer = self._buffers.get(min(BUFFER_BYTES, entry.size))
-        sink = FileSink(str(self.dest), entry, self.options, buffer, mode=mode | 0o600, origin=self.origin)
         try:
-            for piece in pieces:
-                sink.write(piece)
-            staged = sink.finish()
+            with Partial(str(self.dest), entry, self.options, mode | 0o600, self.origin) as partial:
+                for piece in pieces:
+                    partial.write(piece)
+                staged = partial.finish()
         finally:
-            sink.abort()
-            self._buffers.put(sink.buffer)
             for _ in range(megabytes):
                 self._budget.release()
         journal(str(self.dest), self.options.run_token).record(staged)

@@ -17,11 +17,12 @@ from mlhpc.common.safeio.fileio import atomic_write_text
 from mlhpc.common.safeio.safepath import landing
 from mlhpc.staging.comm import Communicator, agree
 from mlhpc.staging.destination import STAGED_MARKER, destination_error, folder_mode, run_tokens
+from mlhpc.staging.engine import PARTIAL_SUFFIX, Staged, staged_path, write_error
 from mlhpc.staging.execute import Work
 from mlhpc.staging.journal import read_journals, remove_journals, write_sources
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, hash_file
 from mlhpc.staging.plan import Mode, node_files
-from mlhpc.staging.sink import PARTIAL_SUFFIX, SinkOptions, Staged, staged_path, write_error
+from mlhpc.staging.request import CopyOptions
 
 
 def finish_node(
@@ -31,7 +32,7 @@ def finish_node(
     mode: Mode,
     manifest: Manifest | None,
     work: Work,
-    options: SinkOptions,
+    options: CopyOptions,
     durable: bool = False,
     previous: dict[str, Staged] | None = None,
 ) -> Manifest:
@@ -68,7 +69,7 @@ def _write_node_manifest(
     mode: Mode,
     manifest: Manifest | None,
     work: Work,
-    options: SinkOptions,
+    options: CopyOptions,
     previous: dict[str, Staged] | None,
     topo: Any,
 ) -> tuple[Manifest | None, list[Staged], str | None]:
@@ -111,7 +112,7 @@ def _write_marker(
 
 
 def _node_records(
-    dest: Path, manifest: Manifest | None, mode: Mode, topo: Any, work: Work, options: SinkOptions
+    dest: Path, manifest: Manifest | None, mode: Mode, topo: Any, work: Work, options: CopyOptions
 ) -> list[Staged]:
     """What the node holds, with what each file was made from: an archive's extracted members,
     or for a directory the node's files as its ranks' journals (and an earlier run's) record them."""

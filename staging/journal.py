@@ -19,8 +19,9 @@ from mlhpc.common.safeio import safe_json
 from mlhpc.common.safeio.fileio import atomic_write_text
 from mlhpc.common.safeio.safe_read import read_bytes
 from mlhpc.common.safeio.safepath import relative_path
+from mlhpc.staging.engine import Staged, staged_path, write_error
 from mlhpc.staging.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest, hash_file
-from mlhpc.staging.sink import SinkOptions, Staged, staged_path, write_error
+from mlhpc.staging.request import CopyOptions
 
 log = logging.getLogger(__name__)
 JOURNAL_PREFIX = ".mlhpc_journal."
@@ -223,7 +224,7 @@ def _record(fields: Any, where: str) -> Staged | None:
 
 
 def already_staged(
-    dest: Path, entry: FileEntry, evidence: dict[str, Staged], options: SinkOptions, origin: str
+    dest: Path, entry: FileEntry, evidence: dict[str, Staged], options: CopyOptions, origin: str
 ) -> Staged | None:
     """`entry`'s copy in `dest` if a rerun may keep it, else None (it is copied again).
 

@@ -7,7 +7,6 @@ checksums on the fly from the bytes it copies.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -24,12 +23,11 @@ from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio import safe_json
 from mlhpc.common.safeio.fileio import atomic_write_text
 from mlhpc.common.safeio.safepath import relative_path
-from mlhpc.staging.origin import SOURCE_FIX, not_regular, open_regular
+from mlhpc.staging.source import HASH_ALGORITHMS, SOURCE_FIX, new_hasher, not_regular, open_source
 
 MANIFEST_NAME = "mlhpc_manifest.json"
 MAX_MANIFEST_BYTES = 4 << 30
 """About 30 million files at ~130 bytes a line: any real dataset's manifest, not a disk's worth."""
-HASH_ALGORITHMS = ("xxh3_128", "sha256")
 _CHUNK_BYTES = 8 << 20
 
 
@@ -121,17 +119,9 @@ def _entry(f: dict[str, Any], where: str) -> FileEntry:
     return entry
 
 
-def new_hasher(algorithm: str) -> Any:
-    if algorithm == "xxh3_128":
-        return xxhash.xxh3_128()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise StagingError(f"unknown checksum algorithm {algorithm!r}; use one of {HASH_ALGORITHMS}")
-
-
 def hash_file(path: Path, algorithm: str = "xxh3_128", fix: str = SOURCE_FIX) -> str:
     """The checksum of a regular file; a FIFO or device is refused (naming it and `fix`) without
-    blocking (`origin.open_regular`)."""
+    blocking (`source.open_source`)."""
     return _hash_and_head(path, algorithm, fix)[0]
 
 
@@ -140,7 +130,7 @@ def _hash_and_head(path: Path, algorithm: str, fix: str = SOURCE_FIX) -> tuple[s
     hasher = new_hasher(algorithm)
     head = b""
     try:
-        with open(open_regular(path, fix=fix), "rb", closefd=True) as handle:
+        with open(open_source(path, fix=fix), "rb", closefd=True) as handle:
             while chunk := handle.read(_CHUNK_BYTES):
                 head = head or chunk
                 hasher.update(chunk)

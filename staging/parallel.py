@@ -1,114 +1,101 @@
-"""How one rank's copies run at once: threads in this process or worker processes (worker.py),
-how many, and with how many reads in flight. The one place that chooses, and runs them."""
+"""Running one rank's copies at once: threads in this process, or worker processes
+(`python -m mlhpc.staging.parallel`) fed batches of files over a pipe.
+
+Plain subprocesses rather than multiprocessing: they do not re-run the caller's main module
+and do not fork a process that holds torch or MPI threads. The workers run in their own process
+group, so a Ctrl-C at the terminal reaches the parent only; the parent terminates them when it
+is interrupted, and the kernel kills them when the parent dies (SIGKILL included), so no worker
+prints a traceback or writes on behind a rerun. A file a worker was writing stays as a
+`.mlhpc-partial`, which the rerun removes.
+"""
 
 from __future__ import annotations
 
-import mmap
+import contextlib
+import ctypes
+import json
 import os
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import replace
+from dataclasses import asdict
 
-from mlhpc.staging.copy import CopyJob, chunks, copy_chunk, request_stop, withdraw_stop
-from mlhpc.staging.journal import close_journal
-from mlhpc.staging.plan import CopyOp
-from mlhpc.staging.sink import BUFFER_BYTES, Staged
+from mlhpc.common.errors import StagingError
+from mlhpc.staging.engine import Staged, copy_file, request_stop, stop_if_asked, withdraw_stop
+from mlhpc.staging.journal import close_journal, journal
+from mlhpc.staging.manifest import FileEntry
+from mlhpc.staging.request import CopyOptions
 
-MAX_READ_AHEAD = 4
-"""Block reads in flight per large file, at most. One at a time leaves a disk that wants a deep
-queue idle when there are fewer files than workers (8 x 128 MiB files here: +32 %)."""
-BUFFER_SHARE = 0.5
-"""The direct path's buffers take at most this share of the memory the node may use."""
-MANY_FILES = 1024
-"""From this many files on, the Python work per file wants more CPUs than one process has."""
-
-
-def read_ahead_depth(workers: int, files: int) -> int:
-    """Reads in flight per large file: the workers left idle by a short file list go to reading
-    ahead, so reads in flight (and buffers held) stay at about `workers`."""
-    return max(1, min(MAX_READ_AHEAD, workers // max(1, min(files, workers))))
-
-
-def fit_in_memory(workers: int, sizes: Sequence[int], memory_bytes: int | None) -> tuple[int, int]:
-    """(threads, reads in flight per large file) for the direct path, so that their buffers take
-    at most `BUFFER_SHARE` of `memory_bytes` (None: unknown, not cut). A thread copying a large
-    file holds its reads' blocks, the sink's and a spare, each `BUFFER_BYTES`; one copying small
-    files, one buffer of the largest. Reads in flight give way first, then threads: in a 256 MiB
-    memory cgroup, 32 threads' 16 MiB buffers (4 in flight a file) got the process killed."""
-    depth = read_ahead_depth(workers, len(sizes))
-    if memory_bytes is None or not sizes:
-        return workers, depth
-    budget = int(memory_bytes * BUFFER_SHARE)
-    largest = max(sizes)
-    if largest < BUFFER_BYTES:
-        return max(1, min(workers, budget // (largest + 1 + mmap.PAGESIZE))), depth
-    wanted = min(workers, len(sizes))
-    while depth > 1 and budget // ((depth + 2) * BUFFER_BYTES) < wanted:
-        depth -= 1
-    return max(1, min(workers, budget // ((depth + 2) * BUFFER_BYTES))), depth
-
-
-def auto_processes(files: int, local_size: int) -> int:
-    """Worker processes per rank: with many files the Python work per file needs more CPUs."""
-    if files < MANY_FILES:
-        return 1
-    return max(1, min(8, 2 * (os.cpu_count() or 1) // local_size))
-
-
-def shape(
-    job: CopyJob,
-    sizes: Sequence[int],
-    *,
-    workers: int,
-    processes: int | None,
-    local_size: int,
-    source_cached: bool = False,
-    memory_bytes: int | None = None,
-) -> tuple[CopyJob, int]:
-    """`job` with its threads per process and reads in flight set, and the number of processes,
-    for copying files of `sizes` with `workers` copies at once (`processes` None or 0: chosen).
-
-    The lean buffered path stays in one process (its per-file work is small) and, when the
-    source is cached, to the CPUs: threads beyond them only queue. The direct path's buffers
-    fit in `memory_bytes`."""
-    if source_cached and job.buffered:
-        workers = min(workers, os.cpu_count() or 1)
-    automatic = 1 if job.buffered else auto_processes(len(sizes), local_size)
-    count = max(1, min(processes or automatic, workers))
-    depth = read_ahead_depth(workers, len(sizes))
-    if not job.buffered:
-        workers, depth = fit_in_memory(workers, sizes, memory_bytes)
-        count = min(count, workers)
-    return replace(job, threads=-(-workers // count), read_ahead=depth), count
+CHUNK_BYTES = 64 << 20
+_BATCH_FILES = 64
+_BATCH_BYTES = 256 << 20
 
 
 def run_copies(
-    ops: Sequence[CopyOp],
-    job: CopyJob,
-    processes: int = 1,
+    entries: Sequence[FileEntry],
+    src_root: str,
+    dest_root: str,
+    options: CopyOptions,
     on_done: Callable[[list[Staged]], None] = lambda staged: None,
 ) -> list[Staged]:
-    """Copy every op with `job.threads` threads in each of `processes` processes; stop at the first error."""
-    if not ops:
+    """Copy every entry with `options.threads` threads in each of `options.processes`
+    processes, journaled; stop at the first error."""
+    if not entries:
         return []
-    entries = [op.entry for op in ops]
-    if processes > 1:
-        # Imported here: the worker processes run `python -m mlhpc.staging.worker`, which must not
-        # find it imported already by the package (runpy warns, and it would be loaded twice).
-        from mlhpc.staging.worker import copy_in_processes
-
-        return copy_in_processes(entries, job, processes, on_done)
+    if options.processes > 1:
+        return _copy_in_processes(entries, src_root, dest_root, options, on_done)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, job.threads)) as threads:
+        with ThreadPoolExecutor(max_workers=max(1, options.threads)) as threads:
             try:
-                work = chunks(entries, 4 * max(1, job.threads))
-                return _collect([threads.submit(copy_chunk, job, chunk) for chunk in work], on_done)
+                work = chunks(entries, 4 * max(1, options.threads))
+                futures = [threads.submit(copy_chunk, src_root, dest_root, options, c) for c in work]
+                return _collect(futures, on_done)
             except BaseException:
-                request_stop(job.dest_root)  # the copies under way stop (their partials removed)
+                request_stop(dest_root)  # the copies under way stop (their partials removed)
                 raise
     finally:
-        withdraw_stop(job.dest_root)
-        close_journal(job.dest_root)
+        withdraw_stop(dest_root)
+        close_journal(dest_root)
+
+
+def copy_chunk(src_root: str, dest_root: str, options: CopyOptions, entries: Sequence[FileEntry]) -> list[Staged]:
+    """Copy a run of files one after another (a thread's unit of work: one hand-over per chunk,
+    not per file), journaled together."""
+    done: list[Staged] = []
+    try:
+        for entry in entries:
+            stop_if_asked(dest_root)
+            done.append(copy_file(src_root, dest_root, entry, options))
+    finally:  # what was renamed into place is journaled, also when a later file fails
+        journal(dest_root, options.run_token).record_many(done)
+    return done
+
+
+def chunks(entries: Sequence[FileEntry], pieces: int, most: int = 64) -> list[list[FileEntry]]:
+    """Consecutive runs of `entries`, about `pieces` of them (so that every thread gets several
+    and they finish together), up to `most` files and `CHUNK_BYTES` each."""
+    per = max(1, min(most, len(entries) // max(1, pieces)))
+    return consecutive_runs(entries, per, CHUNK_BYTES)
+
+
+def consecutive_runs(entries: Sequence[FileEntry], most_files: int, most_bytes: int) -> list[list[FileEntry]]:
+    """`entries` cut, in order, into runs of at most `most_files` files and `most_bytes` bytes (a
+    larger file alone)."""
+    out: list[list[FileEntry]] = []
+    current: list[FileEntry] = []
+    size = 0
+    for entry in entries:
+        if current and (len(current) >= most_files or size + entry.size > most_bytes):
+            out.append(current)
+            current, size = [], 0
+        current.append(entry)
+        size += entry.size
+    if current:
+        out.append(current)
+    return out
 
 
 def _collect(futures: list[Future[list[Staged]]], on_done: Callable[[list[Staged]], None]) -> list[Staged]:
@@ -124,3 +111,138 @@ def _collect(futures: list[Future[list[Staged]]], on_done: Callable[[list[Staged
             future.cancel()
         raise
     return done
+
+
+# ---------------------------------------------------------------- worker processes
+def _copy_in_processes(
+    entries: Sequence[FileEntry],
+    src_root: str,
+    dest_root: str,
+    options: CopyOptions,
+    on_done: Callable[[list[Staged]], None],
+) -> list[Staged]:
+    """The workers are started from the calling thread, which outlives them: the kernel's
+    parent-death signal is tied to the thread that started a process, not to the process."""
+    setup = json.dumps({"src_root": src_root, "dest_root": dest_root, "options": asdict(options)})
+    feed = _Feed(consecutive_runs(entries, _BATCH_FILES, _BATCH_BYTES), setup, on_done)
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(min(options.processes, len(feed.todo))):
+            workers.append(_start_worker())
+        threads = [threading.Thread(target=feed.drive, args=(w,), daemon=True) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): stop the workers, quietly, then go on up
+        with feed.lock:
+            feed.todo.clear()
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                worker.kill()
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                worker.wait(timeout=10)
+        raise
+    if feed.errors:
+        raise StagingError(feed.errors[0])
+    return feed.done
+
+
+class _Feed:
+    """The batches left to copy, shared by the threads that drive the workers (one thread a
+    worker), and what the workers staged or the first errors they met."""
+
+    def __init__(self, todo: list[list[FileEntry]], setup: str, on_done: Callable[[list[Staged]], None]) -> None:
+        self.todo = todo
+        self.setup = setup
+        self.on_done = on_done
+        self.lock = threading.Lock()
+        self.done: list[Staged] = []
+        self.errors: list[str] = []
+
+    def drive(self, worker: subprocess.Popen[str]) -> None:
+        """Send `worker` the job, then batch after batch, until none is left or one failed."""
+        assert worker.stdin is not None and worker.stdout is not None
+        try:
+            worker.stdin.write(self.setup + "\n")
+            while True:
+                with self.lock:
+                    if self.errors or not self.todo:
+                        return
+                    batch = self.todo.pop()
+                worker.stdin.write(json.dumps([[f.path, f.size, f.checksum] for f in batch]) + "\n")
+                reply = json.loads(worker.stdout.readline() or '{"error": "a copy worker process died"}')
+                with self.lock:
+                    if "error" in reply:
+                        self.errors.append(reply["error"])
+                        return
+                    staged = [Staged(*fields) for fields in reply["staged"]]
+                    self.done.extend(staged)
+                self.on_done(staged)
+        except (OSError, ValueError):  # its pipe broke: it died (or was stopped)
+            with self.lock:
+                self.errors.append("a copy worker process died; rerun to resume")
+        finally:
+            with contextlib.suppress(OSError):
+                worker.stdin.close()
+            worker.wait()
+
+
+def _start_worker() -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlhpc.staging.parallel", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        start_new_session=True,  # its own group: a terminal's Ctrl-C goes to the parent alone
+    )
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this worker when the thread that started it ends (Linux); exit now if
+    the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def main() -> None:
+    """A worker: read the job, then for each batch line copy it and answer one line."""
+    if len(sys.argv) > 1:
+        _die_with_parent(int(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a worker stops
+    try:
+        _serve()
+    except (BrokenPipeError, KeyboardInterrupt):  # the parent is gone or stopping: nothing to report
+        os._exit(1)
+
+
+def _serve() -> None:
+    line = sys.stdin.readline()
+    if not line:
+        return  # the parent went before it sent the job
+    setup = json.loads(line)
+    src_root, dest_root, options = setup["src_root"], setup["dest_root"], CopyOptions(**setup["options"])
+    with ThreadPoolExecutor(max_workers=max(1, options.threads)) as pool:
+        for line in sys.stdin:
+            entries = [FileEntry(*fields) for fields in json.loads(line)]
+            try:
+                work = chunks(entries, max(1, options.threads))
+                done = pool.map(lambda chunk: copy_chunk(src_root, dest_root, options, chunk), work)
+                staged = [s for chunk in done for s in chunk]
+                journal(dest_root, options.run_token).flush()  # journaled before reported: a reply is a promise
+                reply = {"staged": [list(asdict(s).values()) for s in staged]}
+            except (StagingError, OSError) as e:
+                reply = {"error": str(e)}
+            print(json.dumps(reply), flush=True)
+    with contextlib.suppress(StagingError):  # every batch was flushed before its reply
+        close_journal(dest_root)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,5 @@
-"""What a staging job is asked to do (`StageRequest`) and what it did (`StageReport`)."""
+"""What a staging job is asked to do (`StageRequest`), how it copies once decided
+(`CopyOptions`), and what it did (`StageReport`)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class StageRequest:
     progress: bool = False
     """Show a progress bar (rank 0 only, at a terminal)."""
     io: str = "auto"
-    """The I/O path (`vocabulary.IO_CHOICES`): "auto" decides on the facts, or "buffered", "direct", "kernel"."""
+    """The I/O path (`vocabulary.IO_CHOICES`): "auto" or "buffered", both the one page-cache path
+    (O_DIRECT and the kernel copy were removed on measurement, perf/RESULTS.md)."""
     durable: bool = False
     """Put the copy on disk (syncfs) before the completion marker is written."""
 
@@ -60,6 +62,31 @@ class StageRequest:
 def _refuse_count(field: str, value: object, least: int, fix: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise StagingError(f"{field}={value!r} must be a whole number of at least {least}; {fix}")
+
+
+@dataclass(frozen=True)
+class CopyOptions:
+    """How this rank copies, decided once from the request and the node's facts (`stage.py`)
+    and carried unchanged to every writer: the engine, the worker processes (as JSON), the
+    exchange and the extractor."""
+
+    mode: Mode = "copy"
+    algorithm: str = "xxh3_128"
+    decompress: bool = False
+    """Decompress `.gz`/`.zst` files; the staged file drops the suffix."""
+    umask: int | None = None
+    """The umask staging runs under (None: unknown). A staged file keeps its source's mode; only
+    when the umask strips some of its bits does that take a `fchmod` more."""
+    run_token: str = ""
+    """This staging's token, recorded in DEST before any temporary file is made and carried in
+    every temporary file's name: a later run removes a temporary file only when its name carries
+    a token DEST's bookkeeping records (`engine.partial_name`), never a user's file of a similar name."""
+    threads: int = 8
+    """Copies at once in each process."""
+    processes: int = 1
+    """Worker processes copying (1: the copies run in this one)."""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    progress: bool = False
 
 
 @dataclass(frozen=True)

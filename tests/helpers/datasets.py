@@ -7,7 +7,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
-from mlhpc.staging.origin import RACY_NS
+from mlhpc.staging.source import RACY_NS
 
 
 def dataset_files(root: Path) -> dict[str, bytes]:

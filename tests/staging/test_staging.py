@@ -5,9 +5,7 @@ from __future__ import annotations
 import ctypes
 import gzip
 import io
-import itertools
 import json
-import mmap
 import os
 import re
 import shutil
@@ -35,25 +33,17 @@ from mlhpc.staging import (
     stage_dataset,
     verify_staged,
 )
-from mlhpc.staging import copy as copy_module
+from mlhpc.staging import engine as engine_module
 from mlhpc.staging import journal as journal_module
-from mlhpc.staging.copy import TAIL_PIECE_BYTES, CopyJob, copy_file, read_spans
 from mlhpc.staging.destination import check_free_space, prepare_destination
-from mlhpc.staging.iopath import direct_writes_pay, filesystem_type, resident_bytes, supports_direct_io
+from mlhpc.staging.engine import SLICE_BYTES, WRITE_SLICE_BYTES, Partial, Staged, copy_file
+from mlhpc.staging.exchange import BufferPool
 from mlhpc.staging.journal import JOURNAL_BATCH, Journal, close_journal, read_journals
 from mlhpc.staging.manifest import FileEntry, Manifest, hash_file
-from mlhpc.staging.origin import RACY_NS
-from mlhpc.staging.parallel import MAX_READ_AHEAD, read_ahead_depth, run_copies
+from mlhpc.staging.parallel import run_copies
 from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_copies, plan_exchange, rank_files
-from mlhpc.staging.sink import (
-    ALIGN,
-    BUFFER_BYTES,
-    WRITE_SLICE_BYTES,
-    BufferPool,
-    FileSink,
-    SinkOptions,
-    Staged,
-)
+from mlhpc.staging.request import CopyOptions
+from mlhpc.staging.source import RACY_NS
 from mlhpc.staging.study.model import Cluster, model_table, staging_time
 from tests.helpers.cli import cli_env
 from tests.helpers.datasets import dataset_files
@@ -93,16 +83,13 @@ def test_stage_copies_verifies_and_marks_complete(source: Path, tmp_path: Path) 
     assert metadata["staging_durable"] is False
 
 
-@pytest.mark.parametrize("io", ["direct", "buffered"])
-def test_worker_processes_on_the_direct_and_buffered_paths_give_the_same_copy(
+@pytest.mark.parametrize("io", ["auto", "buffered"])
+def test_worker_processes_and_threads_give_the_same_copy(
     source: Path, tmp_path: Path, io: str
 ) -> None:
     dest = tmp_path / "dest"
     report = stage_dataset(StageRequest(source, dest, processes=2, workers=4, io=io))
-    assert report.io is not None and report.io.reason.startswith(f"--io {io} ")
-    assert (report.io.direct_reads, report.io.direct_writes) == (
-        (True, direct_writes_pay(str(dest))) if io == "direct" else (False, False)
-    )
+    assert report.io is not None and report.io.reason.startswith(f"{io}: through the page cache")
     assert report.copied_files == 7 and dataset_files(dest) == dataset_files(source)
     assert verify_staged(dest) == 7
 
@@ -346,79 +333,52 @@ def _evicted(path: Path) -> None:
         os.close(fd)
 
 
-def test_large_file_read_with_direct_io_gives_the_same_copy(tmp_path: Path) -> None:
-    if not supports_direct_io(str(tmp_path)):
-        pytest.skip("this file system takes no O_DIRECT")
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "big.npy").write_bytes(os.urandom((9 << 20) + 123))  # above the O_DIRECT read size, odd tail
-    _evicted(src / "big.npy")
-    if resident_bytes(str(src / "big.npy"))[0] > 1 << 20:
-        pytest.skip("the kernel kept the file cached after POSIX_FADV_DONTNEED")
-    dest = tmp_path / "dest"
-    report = stage_dataset(StageRequest(src, dest, io="direct"))
-    assert report.io is not None and report.io.direct_reads and report.io.label.startswith("direct")
-    # read around the page cache: a buffered read would have left the source's pages cached
-    assert resident_bytes(str(src / "big.npy"))[0] < 1 << 20
-    assert (dest / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
-    assert verify_staged(dest) == 1
-
-
-@pytest.mark.parametrize("workers", [1, 8])  # one read at a time, and 4 blocks read ahead per file
-def test_large_files_read_ahead_in_blocks_give_the_same_copy(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize("workers", [1, 8])
+def test_large_files_read_in_slices_give_the_same_copy(tmp_path: Path, workers: int) -> None:
     src = tmp_path / "src"
     src.mkdir()
     for i in range(2):  # three 16 MiB blocks each, the last one short and not a whole page
         (src / f"big{i}.npy").write_bytes(os.urandom((40 << 20) + 123 + i))
     dest = tmp_path / "dest"
-    report = stage_dataset(StageRequest(src, dest, io="direct", workers=workers))
-    assert report.io is not None and report.io.direct_reads
+    stage_dataset(StageRequest(src, dest, workers=workers))
     for i in range(2):
         assert (dest / f"big{i}.npy").read_bytes() == (src / f"big{i}.npy").read_bytes()
     assert verify_staged(dest) == 2
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_blocks_written_whole_or_in_slices_give_the_same_file_and_checksum(
-    tmp_path: Path, direct: bool
-) -> None:
-    data = os.urandom(2 * BUFFER_BYTES + WRITE_SLICE_BYTES + 123)  # the last block short, not a whole page
+@pytest.mark.parametrize("piece", [1, 4095, WRITE_SLICE_BYTES + 1, SLICE_BYTES * 3])
+def test_pieces_of_any_size_give_the_same_file_and_checksum(tmp_path: Path, piece: int) -> None:
+    data = os.urandom(2 * SLICE_BYTES + WRITE_SLICE_BYTES + 123)  # the last piece short, not a whole page
     entry = FileEntry("big.bin", len(data), xxhash.xxh3_128(data).hexdigest())
-    options = SinkOptions(direct_io=direct and supports_direct_io(str(tmp_path)))
-    sink = FileSink(str(tmp_path), entry, options, mmap.mmap(-1, BUFFER_BYTES))
-    block = mmap.mmap(-1, BUFFER_BYTES)
-    for at in range(0, len(data), BUFFER_BYTES):
-        piece = data[at : at + BUFFER_BYTES]
-        block[: len(piece)] = piece
-        sink.write_block(block, len(piece))
-    assert sink.finish().checksum == entry.checksum
+    partial = Partial(str(tmp_path), entry, CopyOptions())
+    for at in range(0, len(data), piece):
+        partial.write(data[at : at + piece])
+    assert partial.finish().checksum == entry.checksum
     assert (tmp_path / "big.bin").read_bytes() == data
 
 
 def test_a_source_that_shrank_to_a_block_boundary_is_named_not_a_crash(tmp_path: Path) -> None:
-    entry = FileEntry("big.bin", 2 * BUFFER_BYTES, "")
-    options = SinkOptions(direct_io=supports_direct_io(str(tmp_path)))
-    sink = FileSink(str(tmp_path), entry, options, mmap.mmap(-1, BUFFER_BYTES))
-    block = mmap.mmap(-1, BUFFER_BYTES)
-    sink.write_block(block, BUFFER_BYTES)
-    sink.write_block(block, 0)  # what read-ahead hands on when the second block's read finds the end
+    entry = FileEntry("big.bin", 32 << 20, "")
+    partial = Partial(str(tmp_path), entry, CopyOptions())
+    partial.write(bytes(16 << 20))
+    partial.write(b"")  # what a read that finds the end hands on
     with pytest.raises(StagingError, match=r"big\.bin gave 16777216 bytes.*source changed"):
-        sink.finish()
+        partial.finish()
     assert list(tmp_path.iterdir()) == []  # the partial file is gone
 
 
-@pytest.mark.parametrize("listed", [4095, 4097, BUFFER_BYTES + 1])
+@pytest.mark.parametrize("listed", [4095, 4097, SLICE_BYTES + 1])
 def test_a_file_whose_size_is_not_its_listing_is_named(tmp_path: Path, listed: int) -> None:
     """Small files are read whole with no `fstat`: their one read must still catch a file that
     shrank or grew since it was listed, as `fstat` does for large ones."""
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(os.urandom(4096 if listed < BUFFER_BYTES else BUFFER_BYTES))
-    job = CopyJob(str(tmp_path / "src"), str(tmp_path / "dest"), SinkOptions(), threads=1)
+    (tmp_path / "src" / "f.bin").write_bytes(os.urandom(4096 if listed < SLICE_BYTES else SLICE_BYTES))
+    src_root, dest_root = str(tmp_path / "src"), str(tmp_path / "dest")
     with pytest.raises(
         StagingError, match=rf"f\.bin (has|gave) \d+ bytes, its listing says {listed}.*regenerate"
     ):
-        copy_file(job, FileEntry("f.bin", listed, ""))
-    close_journal(job.dest_root)
+        copy_file(src_root, dest_root, FileEntry("f.bin", listed, ""), CopyOptions())
+    close_journal(dest_root)
     assert not list((tmp_path / "dest").rglob("*.bin*"))  # no partial, nothing renamed into place
 
 
@@ -429,9 +389,9 @@ def test_a_small_file_costs_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyP
     reads: list[int] = []
     real_readv = os.readv
     monkeypatch.setattr(os, "readv", lambda fd, buffers: reads.append(fd) or real_readv(fd, buffers))
-    job = CopyJob(str(tmp_path / "src"), str(tmp_path / "dest"), SinkOptions(), threads=1)
-    staged = copy_file(job, FileEntry("f.bin", len(data), xxhash.xxh3_128(data).hexdigest()))
-    close_journal(job.dest_root)
+    entry = FileEntry("f.bin", len(data), xxhash.xxh3_128(data).hexdigest())
+    staged = copy_file(str(tmp_path / "src"), str(tmp_path / "dest"), entry, CopyOptions())
+    close_journal(str(tmp_path / "dest"))
     assert len(reads) == 1  # the short read that brings the listed size is the end: no read for EOF
     assert (tmp_path / "dest" / "f.bin").read_bytes() == data and staged.size == len(data)
 
@@ -458,7 +418,7 @@ def test_journal_appends_in_batches_and_on_flush(tmp_path: Path, monkeypatch: py
 
 @pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux's /proc/self/maps")
 def test_copy_buffers_are_private_memory_not_shmem() -> None:
-    buffer = BufferPool().get(BUFFER_BYTES)
+    buffer = BufferPool().get(16 << 20)
     address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
     for line in Path("/proc/self/maps").read_text().splitlines():
         start, end = (int(x, 16) for x in line.split()[0].split("-"))
@@ -470,44 +430,18 @@ def test_copy_buffers_are_private_memory_not_shmem() -> None:
     assert mode.endswith("p") and not backing  # not 'rw-s /dev/zero (deleted)': shmem, dearer to fault in
 
 
-@pytest.mark.skipif(filesystem_type("/dev/shm") != "tmpfs", reason="needs /dev/shm on tmpfs")
-def test_memory_destination_gets_buffered_writes_and_read_ahead_still_copies(tmp_path: Path) -> None:
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+def test_a_memory_destination_gets_the_same_copy(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    (src / "big.npy").write_bytes(os.urandom(3 * BUFFER_BYTES + 5))
-    assert not direct_writes_pay("/dev/shm")  # the kernel copies into tmpfs either way
+    (src / "big.npy").write_bytes(os.urandom(3 * SLICE_BYTES + 5))
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         stage_dataset(StageRequest(src, Path(shm) / "dest", workers=8))
         assert (Path(shm) / "dest" / "big.npy").read_bytes() == (src / "big.npy").read_bytes()
         assert verify_staged(Path(shm) / "dest") == 1
 
 
-@pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="needs Linux's /proc/self/mounts")
-def test_filesystem_type_is_that_of_the_deepest_mount() -> None:
-    assert filesystem_type("/") != ""
-    assert filesystem_type("/proc/self") == "proc"  # the /proc mount, not the root file system's
 
-
-@pytest.mark.parametrize("size", [4 << 20, BUFFER_BYTES, BUFFER_BYTES + 1, (40 << 20) + 123, 128 << 20])
-def test_read_spans_cover_the_file_once_in_pages_and_end_in_small_pieces(size: int) -> None:
-    spans = read_spans(size)
-    assert spans[0][0] == 0
-    for (at, length), (after, _) in itertools.pairwise(spans):
-        assert after == at + length  # no gap, no overlap
-    last_at, last_length = spans[-1]
-    assert last_at < size <= last_at + last_length  # the last read reaches the end
-    assert all(at % ALIGN == 0 and length % ALIGN == 0 for at, length in spans)  # as O_DIRECT wants
-    assert all(length <= BUFFER_BYTES for _, length in spans)
-    tail = [length for at, length in spans if at + BUFFER_BYTES >= size]
-    assert set(tail) == {TAIL_PIECE_BYTES}  # what is left to write after the last read: one piece
-
-
-def test_read_ahead_uses_the_workers_a_short_file_list_leaves_idle() -> None:
-    assert read_ahead_depth(workers=32, files=8) == 4
-    assert read_ahead_depth(workers=32, files=16) == 2
-    assert read_ahead_depth(workers=32, files=1000) == 1
-    assert read_ahead_depth(workers=1, files=1) == 1
-    assert read_ahead_depth(workers=32, files=1) == MAX_READ_AHEAD
 
 
 def test_a_copy_made_by_another_tool_is_verified_and_kept(source: Path, tmp_path: Path) -> None:
@@ -591,10 +525,9 @@ def test_file_sink_keeps_the_mode_without_special_bits(
     umask(0o077)  # would take the group's and others' bits
     data = b"x" * 1000
     entry = FileEntry("a/b.bin", len(data), xxhash.xxh3_128(data).hexdigest())
-    options = SinkOptions(umask=0o077)
-    sink = FileSink(str(tmp_path), entry, options, BufferPool().get(len(data)), mode=source_mode)
-    sink.write(data)
-    sink.finish()
+    partial = Partial(str(tmp_path), entry, CopyOptions(umask=0o077), mode=source_mode)
+    partial.write(data)
+    partial.finish()
     assert (tmp_path / "a" / "b.bin").stat().st_mode & 0o7777 == source_mode & 0o777
 
 
@@ -663,7 +596,7 @@ def test_a_destination_with_only_a_lock_file_is_fresh(tmp_path: Path) -> None:
         ({"processes": -1}, "processes=-1 must be a whole number of at least 0; pass 0 or None"),
         ({"processes": 2.5}, "processes=2.5 must be a whole number of at least 0"),
         ({"mode": "mirror"}, "mode='mirror' is unknown; use one of replicate, shard, copy"),
-        ({"io": "fast"}, "io='fast' is unknown; use one of auto, buffered, direct, kernel"),
+        ({"io": "fast"}, "io='fast' is unknown; use one of auto, buffered"),
     ],
 )
 def test_a_bad_request_is_refused_naming_field_value_and_fix(
@@ -693,14 +626,14 @@ def test_an_interrupted_copy_stops_its_large_files_at_the_next_block(tmp_path: P
         data = os.urandom(1 << 20) * 48
         (src / f"big{i}.bin").write_bytes(data)
         entries.append(FileEntry(f"big{i}.bin", len(data), xxhash.xxh3_128(data).hexdigest()))
-    job = CopyJob(str(src), str(tmp_path / "dest"), SinkOptions(), threads=3)
+    src_root, dest_root, options = str(src), str(tmp_path / "dest"), CopyOptions(threads=3)
 
     def interrupt(staged: list) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_copies([CopyOp(e) for e in entries], job, on_done=interrupt)
+        run_copies(entries, src_root, dest_root, options, on_done=interrupt)
     assert not list((tmp_path / "dest").rglob("*.mlhpc-partial"))
     assert not (tmp_path / "dest" / "big0.bin").exists() and not (tmp_path / "dest" / "big1.bin").exists()
-    assert not copy_module._stopping  # the next staging into it is not stopped
-    assert len(run_copies([CopyOp(e) for e in entries], job)) == 3
+    assert not engine_module._stopping  # the next staging into it is not stopped
+    assert len(run_copies(entries, src_root, dest_root, options)) == 3

@@ -28,7 +28,7 @@ from mlhpc.staging import (
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
 from mlhpc.staging.extract import ArchiveExtractor
 from mlhpc.staging.journal import close_journal
-from mlhpc.staging.sink import SinkOptions
+from mlhpc.staging.request import CopyOptions
 from tests.helpers.cli import mlhpc_cli
 from tests.helpers.datasets import dataset_files
 
@@ -566,7 +566,7 @@ def test_property_the_extractor_alone_raises_only_staging_errors(
         box.dest.mkdir()
         try:
             with open(archive, "rb") as raw:
-                extractor = ArchiveExtractor(archive, box.dest, SinkOptions(), None, {}, workers=2)
+                extractor = ArchiveExtractor(archive, box.dest, CopyOptions(), None, {}, workers=2)
                 extractor.run(raw, kind.split("-")[0])
             failed = False
         except MlhpcError as e:

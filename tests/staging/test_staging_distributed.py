@@ -25,18 +25,18 @@ STAGE_TASKS = """
 import json, os, signal, sys
 from pathlib import Path
 from mlhpc.common.errors import StagingError
-from mlhpc.staging import StageRequest, file_streams, make_comm, stage_dataset
+from mlhpc.staging import StageRequest, exchange, make_comm, stage_dataset
 
 tasks = json.loads(Path(sys.argv[1]).read_text())
 comm = make_comm(sys.argv[3], each_rank_a_node=True)
 if len(sys.argv) > 4 and comm.rank == int(sys.argv[4]):  # this rank dies after writing 3 files
-    record, count = file_streams.StreamSinks._record, [0]
+    record, count = exchange.StreamSinks._record, [0]
     def record_then_die(self, staged):
         record(self, staged)
         count[0] += 1
         if count[0] == 3:
             os.kill(os.getpid(), signal.SIGKILL)
-    file_streams.StreamSinks._record = record_then_die
+    exchange.StreamSinks._record = record_then_die
 out = []
 for task in tasks:
     dest = Path(task.pop("dest").replace("{node}", str(comm.topology.node)))

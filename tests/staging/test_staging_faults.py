@@ -77,7 +77,7 @@ def workers_of(pid: int) -> list[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
-                if b"mlhpc.staging.worker" in argv and str(pid).encode() in argv:
+                if b"mlhpc.staging.parallel" in argv and str(pid).encode() in argv:
                     found.append(int(entry.name))
     return found
 
@@ -86,18 +86,18 @@ HELD_STAGING = """
 import sys, time
 from pathlib import Path
 from mlhpc import cli
-from mlhpc.staging import copy
+from mlhpc.staging import parallel
 
 release = Path(sys.argv[1])
-real = copy.copy_one
+real = parallel.copy_file
 
-def held(job, entry):  # every copy waits for the test's word: this writer is slow on demand
+def held(*args, **kwargs):  # every copy waits for the test's word: this writer is slow on demand
     deadline = time.monotonic() + 120
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return real(job, entry)
+    return real(*args, **kwargs)
 
-copy.copy_one = held
+parallel.copy_file = held
 sys.exit(cli.main(sys.argv[2:]))
 """
 

@@ -64,16 +64,16 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_cycle_finder_sees_lazy_imports_and_circles(tmp_path: Path) -> None:
     lazy = tmp_path / "lazy.py"
     lazy.write_text(
-        "def f():\n    from mlhpc.staging import worker\n    from mlhpc.staging.copy import CopyJob\n"
+        "def f():\n    from mlhpc.staging import parallel\n    from mlhpc.staging.engine import Partial\n"
     )
-    assert imports_of(lazy) == {"mlhpc.staging.worker", "mlhpc.staging.copy"}
+    assert imports_of(lazy) == {"mlhpc.staging.parallel", "mlhpc.staging.engine"}
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
 def test_staging_has_no_import_cycle() -> None:
     graph = {name: imports_of(path) - {name} for name, path in MODULES.items()}
-    assert graph["mlhpc.staging.parallel"] >= {"mlhpc.staging.copy", "mlhpc.staging.worker"}
+    assert graph["mlhpc.staging.parallel"] >= {"mlhpc.staging.engine", "mlhpc.staging.journal"}
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
@@ -93,6 +93,6 @@ def test_each_staging_module_imports_without_torch(name: str) -> None:
 
 
 def test_the_package_leaves_the_worker_module_to_its_processes() -> None:
-    """`python -m mlhpc.staging.worker` must not find itself imported by the package (runpy warns)."""
-    probe = "import sys, mlhpc.staging; sys.exit('mlhpc.staging.worker' in sys.modules)"
+    """`python -m mlhpc.staging.parallel` must not find itself imported by the package (runpy warns)."""
+    probe = "import sys, mlhpc.staging; sys.exit('mlhpc.staging.parallel' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], env=cli_env(), check=False).returncode == 0

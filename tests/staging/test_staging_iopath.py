@@ -1,4 +1,4 @@
-"""The I/O path a staging job takes (`iopath`), and the buffered copy's promises (`buffered`)."""
+"""The I/O path a staging job reports (`iopath`), and the engine's promises for one copy (`engine`)."""
 
 from __future__ import annotations
 
@@ -13,39 +13,30 @@ import xxhash
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import StageRequest, stage_dataset, verify_staged
 from mlhpc.staging import finish as finish_module
-from mlhpc.staging.buffered import SLICE_BYTES, copy_buffered
-from mlhpc.staging.iopath import cached_fraction, cgroup_room, decide, resident_bytes
+from mlhpc.staging.engine import SLICE_BYTES, copy_file
+from mlhpc.staging.iopath import cgroup_room, decide
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
+from mlhpc.staging.request import CopyOptions
+from mlhpc.staging.source import Source, resident_bytes
 from tests.helpers.cli import cli_env
 from tests.helpers.datasets import dataset_files
 
 MIB = 1 << 20
 
 
-def test_auto_takes_the_page_cache_when_the_share_fits_or_the_source_is_cached() -> None:
-    fits = decide("auto", 100 * MIB, 1000 * MIB, 0.0, direct_ok=True)
-    assert (fits.direct_reads, fits.direct_writes, fits.label) == (False, False, "buffered")
-    assert fits.reason.startswith("auto: share fits in memory") and "1000 MiB" in fits.reason
-    cached = decide("auto", 5000 * MIB, 1000 * MIB, 0.95, direct_ok=True)
-    assert cached.label == "buffered" and "already in page cache" in cached.reason
+def test_auto_and_buffered_take_the_page_cache_and_say_on_what_facts() -> None:
+    fits = decide("auto", 100 * MIB, 1000 * MIB, 0.0)
+    assert fits.label == "buffered" and fits.available_bytes == 1000 * MIB
+    assert fits.reason.startswith("auto: through the page cache") and "1000 MiB" in fits.reason
+    cached = decide("buffered", 5000 * MIB, None, 0.95)
+    assert cached.label == "buffered" and "memory available unknown" in cached.reason
     assert cached.source_cached and not fits.source_cached
 
 
-def test_auto_goes_around_the_page_cache_when_the_share_does_not_fit() -> None:
-    big = decide("auto", 600 * MIB, 1000 * MIB, 0.2, direct_ok=True)  # more than half of memory
-    assert (big.direct_reads, big.direct_writes, big.label) == (True, True, "direct")
-    assert "larger than memory allows" in big.reason
-    tmpfs = decide("auto", 600 * MIB, 1000 * MIB, 0.2, direct_ok=False)  # DEST takes no O_DIRECT
-    assert tmpfs.label == "direct reads, buffered writes"
-    unknown = decide("auto", 1, None, 0.0, direct_ok=True)  # memory unknown: not taken to fit
-    assert unknown.label == "direct" and "memory available unknown" in unknown.reason
-
-
-def test_io_can_be_forced_and_an_unknown_choice_is_refused() -> None:
-    assert decide("buffered", 10_000 * MIB, 1000 * MIB, 0.0, True).label == "buffered"
-    assert decide("direct", 1 * MIB, 1000 * MIB, 1.0, True).label == "direct"
-    with pytest.raises(StagingError, match="io='fast' is unknown; use one of auto, buffered, direct, kernel"):
-        decide("fast", 1, 1, 0.0, True)
+def test_a_removed_or_unknown_io_is_refused_saying_why() -> None:
+    for io in ("fast", "direct", "kernel"):
+        with pytest.raises(StagingError, match=f"io='{io}' is unknown; use one of auto, buffered .*measured slower"):
+            decide(io, 1, 1, 0.0)
 
 
 def test_cgroup_room_reads_v1_and_v2_limits_with_reclaimable_cache(tmp_path: Path) -> None:
@@ -81,8 +72,8 @@ def test_mincore_sees_what_the_page_cache_holds(tmp_path: Path) -> None:
         os.close(fd)
     resident, size = resident_bytes(str(path))
     assert size == 4 * MIB and resident < MIB
-    assert cached_fraction([str(path)]) < 0.25
-    assert cached_fraction([]) == 0.0 and resident_bytes(str(tmp_path / "missing")) == (0, 0)
+    assert Source(tmp_path).cached_fraction(["f.bin"]) < 0.25
+    assert Source(tmp_path).cached_fraction([]) == 0.0 and resident_bytes(str(tmp_path / "missing")) == (0, 0)
 
 
 def small_source(root: Path, count: int = 30, size: int = 5000) -> Path:
@@ -93,13 +84,13 @@ def small_source(root: Path, count: int = 30, size: int = 5000) -> Path:
     return root
 
 
-@pytest.mark.parametrize("io", ["auto", "buffered", "direct"])
+@pytest.mark.parametrize("io", ["auto", "buffered"])
 def test_every_io_path_stages_a_verified_copy(tmp_path: Path, io: str) -> None:
     src = small_source(tmp_path / "src")
-    (src / "big.bin").write_bytes(os.urandom(2 * SLICE_BYTES + 123))  # sliced, and read with O_DIRECT
+    (src / "big.bin").write_bytes(os.urandom(2 * SLICE_BYTES + 123))  # read in slices
     build_manifest(src).write(src / MANIFEST_NAME)
     report = stage_dataset(StageRequest(src, tmp_path / "dest", io=io, workers=4))
-    assert report.io is not None and report.io.label == ("direct" if io == "direct" else "buffered")
+    assert report.io is not None and report.io.label == "buffered"
     assert report.metadata()["staging_io"] == report.io.label
     assert verify_staged(tmp_path / "dest") == 31 and dataset_files(tmp_path / "dest") == dataset_files(src)
 
@@ -113,10 +104,10 @@ def test_a_buffered_copy_is_verified_before_it_gets_its_name(tmp_path: Path) -> 
         (src / "sub" / "f.bin").write_bytes(data)
         listed = FileEntry("sub/f.bin", size, xxhash.xxh3_128(b"other bytes").hexdigest())
         with pytest.raises(StagingError, match=r"sub/f\.bin fails its xxh3_128 check.*stage again"):
-            copy_buffered(str(src), str(dest), listed, "xxh3_128", None)
+            copy_file(str(src), str(dest), listed, CopyOptions(umask=None))
         assert list(dest.rglob("*")) == [dest / "sub"]  # nothing renamed into place, no partial left
         good = FileEntry("sub/f.bin", size, xxhash.xxh3_128(data).hexdigest())
-        staged = copy_buffered(str(src), str(dest), good, "xxh3_128", None)
+        staged = copy_file(str(src), str(dest), good, CopyOptions(umask=None))
         assert (dest / "sub" / "f.bin").read_bytes() == data and staged.checksum == good.checksum
         (dest / "sub" / "f.bin").unlink()
 
@@ -127,9 +118,7 @@ def test_a_buffered_copy_names_a_file_that_shrank_or_grew(tmp_path: Path, actual
     (tmp_path / "src" / "f.bin").write_bytes(os.urandom(actual))
     (tmp_path / "dest").mkdir()
     with pytest.raises(StagingError, match=r"f\.bin gave \d+ bytes, its listing says 5000.*regenerate"):
-        copy_buffered(
-            str(tmp_path / "src"), str(tmp_path / "dest"), FileEntry("f.bin", 5000, ""), "xxh3_128", None
-        )
+        copy_file(str(tmp_path / "src"), str(tmp_path / "dest"), FileEntry("f.bin", 5000, ""), CopyOptions())
     assert list((tmp_path / "dest").iterdir()) == []
 
 
@@ -172,9 +161,10 @@ def test_the_cli_takes_io_and_durable_and_refuses_an_unknown_io(tmp_path: Path) 
     src = small_source(tmp_path / "src", count=3)
     command = [sys.executable, "-m", "mlhpc", "stage", str(src), str(tmp_path / "dest")]
     done = subprocess.run(
-        [*command, "--io", "direct", "--durable"], capture_output=True, text=True, env=cli_env()
+        [*command, "--io", "buffered", "--durable"], capture_output=True, text=True, env=cli_env()
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("I/O direct")
-    bad = subprocess.run([*command, "--io", "fast"], capture_output=True, text=True, env=cli_env())
-    assert bad.returncode == 2 and "invalid choice: 'fast'" in bad.stderr
+    assert done.stdout.strip().endswith("I/O buffered")
+    for io in ("fast", "direct"):
+        bad = subprocess.run([*command, "--io", io], capture_output=True, text=True, env=cli_env())
+        assert bad.returncode == 2 and f"invalid choice: '{io}'" in bad.stderr

@@ -33,7 +33,7 @@ from mlhpc.staging import (
     verify_staged,
 )
 from mlhpc.staging.archive import sidecar_manifest
-from mlhpc.staging.origin import RACY_NS
+from mlhpc.staging.source import RACY_NS
 from tests.helpers.cli import cli_env, stage_command
 from tests.helpers.datasets import dataset_files
 

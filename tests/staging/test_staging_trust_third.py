@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, StageRequest, build_manifest, origin, stage_dataset
+from mlhpc.staging import MANIFEST_NAME, STAGED_MARKER, StageRequest, build_manifest, stage_dataset
+from mlhpc.staging import source as origin
 from mlhpc.staging.archive import build_archive_manifest, sidecar_manifest
 from tests.helpers.datasets import dataset_files
 
