@@ -2,8 +2,8 @@
 helpers every rank runs.
 
 Implementations: `CallbackComm` (one node, a barrier callable: the original API), `TorchComm`
-(`torch.distributed`, in torch_comm.py) and `MpiComm` (mpi4py, in mpi_comm.py); connect.py
-picks one and imports the last two only when used, so staging runs on a login node without either.
+(`torch.distributed`, in torch_comm.py) and `MpiComm` (mpi4py, imported when one is made);
+connect.py picks one, so staging runs on a login node without torch or MPI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from mlhpc.common.cluster.launch import NodeLayout
+from mlhpc.common.cluster.launch import NodeLayout, node_layout, uniform_layout
 from mlhpc.common.errors import StagingError
 from mlhpc.staging.plan import Topology
 
@@ -116,6 +116,61 @@ def mpi_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+class MpiComm:
+    """World collectives on COMM_WORLD; the peer group is a split of it by local rank.
+
+    `layout`: the job's node layout when the run has it already (its ranks are COMM_WORLD's);
+    None gathers the host names over MPI."""
+
+    collective = True
+
+    def __init__(self, layout: NodeLayout | None = None, *, each_rank_a_node: bool = False) -> None:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise StagingError(
+                "MPI staging needs mpi4py: `pip install mpi4py` (after the MPI development "
+                "package, e.g. apt-get install libopenmpi-dev), or stage over torch.distributed"
+            ) from e
+        self._mpi: Any = MPI
+        self._world: Any = MPI.COMM_WORLD
+        self.rank = self._world.Get_rank()
+        self.size = self._world.Get_size()
+        if each_rank_a_node:
+            layout = uniform_layout(self.rank, self.size, 1)
+        elif layout is None:
+            layout = node_layout(self._world.allgather(socket.gethostname()), self.rank)
+        if (layout.rank, layout.world_size) != (self.rank, self.size):
+            raise StagingError(
+                f"MPI rank {self.rank} of {self.size} is rank {layout.rank} of {layout.world_size} in the "
+                "torch.distributed group: launch with mpirun alone, or stage with --comm torch"
+            )
+        self.topology, peers = topology_of(layout)
+        self._peers = next((ranks for ranks in peers if self.rank in ranks), [])
+        color = self.topology.local_rank if self._peers else MPI.UNDEFINED
+        self._group: Any = self._world.Split(color, key=self.topology.node)
+
+    def barrier(self) -> None:
+        self._world.Barrier()
+
+    def allgather(self, payload: bytes) -> list[bytes]:
+        return self._world.allgather(payload)
+
+    def broadcast(self, payload: bytes | None, root: int = 0) -> bytes:
+        return self._world.bcast(payload, root=root)
+
+    def peer_allgather(self, chunk: memoryview, out: memoryview) -> None:
+        self._group.Allgather(chunk, out)
+
+    def peer_rank(self, node: int) -> int:
+        return self._peers[node]
+
+    def close(self) -> None:
+        if self._group is not None and self._group != self._mpi.COMM_NULL:
+            self._group.Free()
+        self._group = None
 
 
 class LostRankError(StagingError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from mlhpc.common.cluster.launch import LaunchInfo, detect_launch
-from mlhpc.staging.comm import CallbackComm, Communicator, mpi_available
+from mlhpc.staging.comm import CallbackComm, Communicator, MpiComm, mpi_available
 
 if TYPE_CHECKING:
     from mlhpc.common.cluster.distributed import DistContext
@@ -24,8 +24,6 @@ def make_comm(
     if launch.world_size == 1 and kind == "auto":
         return CallbackComm()
     if kind == "mpi" or (kind == "auto" and launch.launcher == "mpi" and mpi_available()):
-        from mlhpc.staging.mpi_comm import MpiComm
-
         return MpiComm(each_rank_a_node=each_rank_a_node)
     from mlhpc.staging.torch_comm import TorchComm
 
@@ -40,8 +38,6 @@ def comm_for(ctx: DistContext) -> Communicator:
         return CallbackComm()
     layout = ctx.node_layout
     if ctx.launcher == "mpi" and ctx.group is None and mpi_available():
-        from mlhpc.staging.mpi_comm import MpiComm
-
         return MpiComm(layout)
     if ctx.backend == "horovod" or ctx.group is not None:
         return CallbackComm(

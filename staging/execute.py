@@ -15,7 +15,7 @@ from typing import IO
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
-from mlhpc.staging.archive_stream import Pipe
+from mlhpc.staging.archive import Pipe
 from mlhpc.staging.comm import Communicator
 from mlhpc.staging.engine import Staged, make_folders, staged_path
 from mlhpc.staging.exchange import (

@@ -19,8 +19,7 @@ from typing import IO
 
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio.safepath import inside, landing, relative_path
-from mlhpc.staging.archive import check_member
-from mlhpc.staging.archive_stream import CorruptArchiveError, open_archive
+from mlhpc.staging.archive import CorruptArchiveError, check_member, open_archive
 from mlhpc.staging.engine import SLICE_BYTES, Partial, Staged, checked_dirs
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest

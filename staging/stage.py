@@ -8,7 +8,7 @@ lock throughout, so a second `mlhpc stage` into the same DEST is refused at once
 The rooms: `request` (what is asked, the copy options decided once, what was done), `source`
 (the seam every read of SRC goes through), `manifest` (its listing), `destination` (DEST's lock,
 ownership and room), `execute` (the copies, the exchange or the extraction), `engine` (one
-file: read, hash, partial file, verify, rename), `finish` (the node's manifest, stale copies,
+file: read, hash, partial file, verify, rename), `destination` also ends it (the node's manifest, stale copies,
 the marker), `verify` (`mlhpc verify`). What SRC holds is read here first, by rank 0 once.
 
 Permissions: a staged file keeps its source's permission bits (less setuid, setgid, sticky),
@@ -31,15 +31,13 @@ from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio.fileio import current_umask
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
-from mlhpc.staging.destination import agree_destination, lock_destination, refuse_overlap
+from mlhpc.staging.destination import agree_destination, finish_node, lock_destination, refuse_overlap
 from mlhpc.staging.engine import Staged, forget_checked_dirs
 from mlhpc.staging.execute import Work, stage_archive, stage_directory
-from mlhpc.staging.finish import finish_node
-from mlhpc.staging.iopath import IoPlan, available_memory, decide
 from mlhpc.staging.journal import close_journal, read_journals
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, scan_dataset
 from mlhpc.staging.plan import node_files
-from mlhpc.staging.request import CopyOptions, StageReport, StageRequest
+from mlhpc.staging.request import CopyOptions, IoPlan, StageReport, StageRequest, decide_io
 from mlhpc.staging.source import Source, weak_evidence
 
 log = logging.getLogger(__name__)
@@ -109,7 +107,7 @@ def _plan_job(request: StageRequest, comm: Communicator) -> _Job:
     fresh, token = agree_destination(comm, dest, needed)
     rels = [f.path for f in mine]
     cached = Source(src.parent).cached_fraction([src.name]) if kind else Source(src).cached_fraction(rels)
-    io = decide(request.io, needed, available_memory(), cached)
+    io = decide_io(request.io, needed, cached)
     log.debug("staging I/O: %s (%s)", io.label, io.reason)
     # a cached source is copied at CPU speed: threads beyond the CPUs only queue for them
     threads = min(request.workers, os.cpu_count() or 1) if io.source_cached else request.workers

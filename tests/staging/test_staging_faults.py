@@ -235,7 +235,7 @@ def test_killed_at_a_random_point_then_a_rerun_completes(
 TERMINATED_BEFORE_THE_MARKER = """
 import os, signal, sys
 from mlhpc import cli
-from mlhpc.staging import finish
+from mlhpc.staging import destination as finish
 
 write = finish.atomic_write_text
 

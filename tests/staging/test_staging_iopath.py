@@ -1,4 +1,4 @@
-"""The I/O path a staging job reports (`iopath`), and the engine's promises for one copy (`engine`)."""
+"""The I/O path a staging job reports (`request.decide_io`), and the engine's promises for one copy (`engine`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import xxhash
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging import StageRequest, stage_dataset, verify_staged
-from mlhpc.staging import finish as finish_module
+from mlhpc.staging import destination as finish_module
 from mlhpc.staging.engine import SLICE_BYTES, copy_file
-from mlhpc.staging.iopath import cgroup_room, decide
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, build_manifest
-from mlhpc.staging.request import CopyOptions
+from mlhpc.staging.request import CopyOptions, decide_io
 from mlhpc.staging.source import Source, resident_bytes
 from tests.helpers.cli import cli_env
 from tests.helpers.datasets import dataset_files
@@ -25,38 +24,17 @@ MIB = 1 << 20
 
 
 def test_auto_and_buffered_take_the_page_cache_and_say_on_what_facts() -> None:
-    fits = decide("auto", 100 * MIB, 1000 * MIB, 0.0)
-    assert fits.label == "buffered" and fits.available_bytes == 1000 * MIB
-    assert fits.reason.startswith("auto: through the page cache") and "1000 MiB" in fits.reason
-    cached = decide("buffered", 5000 * MIB, None, 0.95)
-    assert cached.label == "buffered" and "memory available unknown" in cached.reason
-    assert cached.source_cached and not fits.source_cached
+    fits = decide_io("auto", 100 * MIB, 0.0)
+    assert fits.label == "buffered" and fits.reason.startswith("auto: through the page cache")
+    assert "share 100 MiB" in fits.reason and "source 0% cached" in fits.reason
+    cached = decide_io("buffered", 5000 * MIB, 0.95)
+    assert cached.label == "buffered" and cached.source_cached and not fits.source_cached
 
 
 def test_a_removed_or_unknown_io_is_refused_saying_why() -> None:
     for io in ("fast", "direct", "kernel"):
         with pytest.raises(StagingError, match=f"io='{io}' is unknown; use one of auto, buffered .*measured slower"):
-            decide(io, 1, 1, 0.0)
-
-
-def test_cgroup_room_reads_v1_and_v2_limits_with_reclaimable_cache(tmp_path: Path) -> None:
-    v2 = tmp_path / "v2" / "job"
-    v2.mkdir(parents=True)
-    (v2 / "memory.max").write_text(f"{1000 * MIB}\n")
-    (v2 / "memory.current").write_text(f"{700 * MIB}\n")
-    (v2 / "memory.stat").write_text(f"anon 1\ninactive_file {200 * MIB}\n")
-    (tmp_path / "v2" / "memory.max").write_text("max\n")  # the parent: no limit
-    (tmp_path / "self-v2").write_text("0::/job\n")
-    assert cgroup_room(tmp_path / "self-v2", tmp_path / "v2") == [500 * MIB]
-    v1 = tmp_path / "v1" / "memory" / "a" / "b"
-    v1.mkdir(parents=True)
-    for folder, limit, usage in ((v1, 300, 100), (v1.parent, 150, 100)):  # the parent's is tighter
-        (folder / "memory.limit_in_bytes").write_text(f"{limit * MIB}\n")
-        (folder / "memory.usage_in_bytes").write_text(f"{usage * MIB}\n")
-        (folder / "memory.stat").write_text("total_inactive_file 0\n")
-    (tmp_path / "self-v1").write_text("7:blkio:/\n4:memory:/a/b\n")
-    assert sorted(cgroup_room(tmp_path / "self-v1", tmp_path / "v1")) == [50 * MIB, 200 * MIB]
-    assert cgroup_room(tmp_path / "missing", tmp_path) == []
+            decide_io(io, 1, 0.0)
 
 
 def test_mincore_sees_what_the_page_cache_holds(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def test_the_run_stages_with_its_io_and_durable(
         (src / f"f{i}.bin").write_bytes(os.urandom(1000 + i))
     build_manifest(src).write(src / MANIFEST_NAME)
     synced: list[Path] = []
-    monkeypatch.setattr("mlhpc.staging.finish.sync_filesystem", synced.append)
+    monkeypatch.setattr("mlhpc.staging.destination.sync_filesystem", synced.append)
     opts = runner.RunOptions(benchmark="toy", out=tmp_path / "out", staging_io=io, durable=True)
     staged = runner._stage(src, tmp_path / "dest", SimpleNamespace(is_main=False), CallbackComm(), opts)
     assert staged.metadata["staging_io"] == label and staged.metadata["staging_durable"] is True
