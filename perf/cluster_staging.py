@@ -37,7 +37,7 @@ from cluster_staging_cluster import StudyError, cmd_down, cmd_shape, cmd_up
 from cluster_staging_measure import cmd_allgather, cmd_gather_task, cmd_measure, cmd_task
 from cluster_staging_report import cmd_model, cmd_report
 
-from mlhpc.staging.study.model import MODES
+from mlhpc.study.model import MODES
 
 
 def _add_hidden(sub: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from cluster_staging_cluster import StudyError, bits_per_s, load_setup
 from cluster_staging_measure import dataset_sizes
 
-from mlhpc.staging.study.model import MODES, Setup, crossover, model_crossover, model_seconds
+from mlhpc.study.model import MODES, Setup, crossover, model_crossover, model_seconds
 
 # --- the report ---------------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from mlhpc.staging.request import StageRequest
 from mlhpc.staging.stage import stage_dataset
-from mlhpc.staging.study import cgroup, clock, dataset, rank_groups
+from mlhpc.study import cgroup, clock, dataset, rank_groups
 
 CASES = ("small-warm", "small-cold", "large-warm", "large-cold", "small-ranks", "large-ranks")
 

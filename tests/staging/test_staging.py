@@ -54,7 +54,7 @@ from mlhpc.staging.sink import (
     SinkOptions,
     Staged,
 )
-from mlhpc.staging.study.model import Cluster, model_table, staging_time
+from mlhpc.study.model import Cluster, model_table, staging_time
 from tests.helpers.cli import cli_env
 from tests.helpers.datasets import dataset_files
 from tests.helpers.processes import lock_held_elsewhere

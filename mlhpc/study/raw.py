@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlhpc.staging.sink import ALIGN, BufferPool, align_up
-from mlhpc.staging.study.clock import timed
-from mlhpc.staging.study.dataset import fresh_path, source_files
+from mlhpc.study.clock import timed
+from mlhpc.study.dataset import fresh_path, source_files
 
 _BLOCK = 16 << 20
 
