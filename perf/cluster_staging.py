@@ -49,7 +49,7 @@ def _add_hidden(sub: Any) -> None:
     ta.add_argument("command", nargs=argparse.REMAINDER)
 
 
-def parser() -> argparse.ArgumentParser:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf/cluster_staging.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -99,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         if args.cmd == "task":
             cmd_task(args)

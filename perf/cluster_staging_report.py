@@ -20,7 +20,7 @@ from mlhpc.study.model import MODES, Setup, crossover, model_crossover, model_se
 # --- the report ---------------------------------------------------------------------------------
 
 
-def read_rows(path: Path) -> list[dict]:
+def _read_rows(path: Path) -> list[dict]:
     if not path.exists():
         raise StudyError(f"{path} not found: run perf/cluster_staging.py measure first")
     with path.open() as f:
@@ -28,18 +28,18 @@ def read_rows(path: Path) -> list[dict]:
 
 
 @dataclass(frozen=True)
-class Point:
+class _Point:
     median: float
     low: float
     high: float
     count: int
 
 
-def summarize(rows: list[dict]) -> dict[tuple[int, str], Point]:
+def _summarize(rows: list[dict]) -> dict[tuple[int, str], _Point]:
     groups: dict[tuple[int, str], list[float]] = {}
     for row in rows:
         groups.setdefault((int(row["nodes"]), row["mode"]), []).append(float(row["stage_s"]))
-    return {k: Point(statistics.median(v), min(v), max(v), len(v)) for k, v in groups.items()}
+    return {k: _Point(statistics.median(v), min(v), max(v), len(v)) for k, v in groups.items()}
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Findings:
 def report(rows: list[dict], sizes: Sequence[int], setup: Setup) -> Findings:
     """The table and the crossovers; `setup` carries the measured all-gather rates, if any."""
     links = dataclasses.replace(setup, allgather_bytes_s=())
-    points = summarize(rows)
+    points = _summarize(rows)
     counts = sorted({n for n, m in points if m in MODES})
     lines = [
         "| nodes | copy | model | replicate | model | model, measured all-gather | shard | model |",
@@ -84,14 +84,14 @@ def report(rows: list[dict], sizes: Sequence[int], setup: Setup) -> Findings:
     )
 
 
-def allgather_table(setup: Setup) -> str:
+def _allgather_table(setup: Setup) -> str:
     lines = ["| nodes | all-gather, MB/s into each node | of the link's payload rate |", "|---:|---:|---:|"]
     for n, rate in setup.allgather_bytes_s:
         lines.append(f"| {n} | {rate / 1e6:.2f} | {rate / setup.link_bytes_s:.0%} |")
     return "\n".join(lines)
 
 
-def cpu_table(rows: list[dict]) -> str:
+def _cpu_table(rows: list[dict]) -> str:
     """Per node count and mode (medians over the repeats), per second of staging: CPU the stage
     processes used (all nodes together) and the threads that waited for a CPU while runnable (on
     average), CPU of the file system's processes (sshfs, ssh, sshd), and the whole machine."""
@@ -117,7 +117,7 @@ def _median(rows: list[dict], key: str, *, per_s: bool = False) -> float:
     return statistics.median(float(r[key]) / (float(r["stage_s"]) if per_s else 1.0) for r in rows)
 
 
-def plot(
+def _plot(
     rows: list[dict],
     sizes: Sequence[int],
     setup: Setup,
@@ -129,7 +129,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = summarize(rows)
+    points = _summarize(rows)
     counts = sorted({n for n, m in points if m in MODES})
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"copy": "tab:red", "replicate": "tab:blue", "shard": "tab:green"}
@@ -204,7 +204,7 @@ def setup_from_rows(rows: list[dict]) -> Setup:
 
 def cmd_report(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    rows = read_rows(out / "cluster_staging.csv")
+    rows = _read_rows(out / "cluster_staging.csv")
     setup = setup_from_rows(rows)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else dataset_sizes(load_setup(args.name))
     found = report(rows, sizes, setup)
@@ -219,11 +219,11 @@ def cmd_report(args: argparse.Namespace) -> None:
         f"{found.table}\n\nSeconds: rank 0's staging time, median (min-max) of the repeats; t0 (tiny dataset, "
         f"1 node) = {setup.overhead_s:.2f} s.\n\nCrossover copy/replicate: measured {nodes(found.measured, False)}; "
         f"model {nodes(found.predicted)}; model with the measured all-gather {nodes(found.predicted_gather)}.\n\n"
-        f"{allgather_table(setup)}\n\n{cpu_table(rows)}\n"
+        f"{_allgather_table(setup)}\n\n{_cpu_table(rows)}\n"
     )
     (out / "cluster_staging.md").write_text(text)
     png = Path(args.png) if args.png else out / "cluster_staging.png"
-    plot(rows, sizes, setup, png, found)
+    _plot(rows, sizes, setup, png, found)
     print(text)
 
 
