@@ -71,10 +71,20 @@ def load_setup(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _make_dataset(root: Path, total_mib: int, file_mib: int) -> None:
+TINY_BYTES = 64 << 10
+"""The tiny dataset's one file: the fixed cost of a staging (`calibrate`), no bytes worth timing."""
+
+
+def file_sizes(total_mib: int, file_mib: int) -> list[int]:
+    """The study's dataset: `total_mib` in files of `file_mib` (one file at the least)."""
+    return [file_mib << 20] * max(1, total_mib // file_mib)
+
+
+def _make_dataset(root: Path, sizes: list[int]) -> None:
+    """Random files of `sizes` bytes under `root`, with their manifest."""
     root.mkdir(parents=True)
-    for i in range(max(1, total_mib // file_mib)):
-        (root / f"f{i:05d}.bin").write_bytes(os.urandom(file_mib << 20))
+    for i, size in enumerate(sizes):
+        (root / f"f{i:05d}.bin").write_bytes(os.urandom(size))
     subprocess.run(
         [Path(sys.executable).parent / "mlhpc", "manifest", str(root)], check=True, capture_output=True
     )
@@ -102,8 +112,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         "mount": str(work / "mnt"), "tiny": str(work / "tiny"), "tiny_mount": str(work / "tiny-mnt"),
     }  # fmt: skip
     (work / "setup.json").write_text(json.dumps(setup, indent=1))
-    _make_dataset(work / "data", args.total_mib, args.file_mib)
-    _tiny(work / "tiny")
+    _make_dataset(work / "data", file_sizes(args.total_mib, args.file_mib))
+    _make_dataset(work / "tiny", [TINY_BYTES])
     smalls = [f"--small-local={n}:{local_mib}M" for n in nodes] + [f"--small-local={storage}:16M"]
     see = seen_by_nodes([REPO, Path(sys.prefix), work])
     _vcluster(args.name, "up", "--nodes", str(args.nodes + 1), "--rate", args.link, *smalls, *see)
@@ -118,15 +128,6 @@ def cmd_up(args: argparse.Namespace) -> None:
     print(
         f"cluster_staging: {args.name} up: {len(nodes)} compute nodes at {args.link}, storage {storage} at {args.fs} "
         f"(sshfs at {setup['mount']}), idle RTT {setup['rtt_ms']:.3f} ms; dataset {args.total_mib} MiB in {work / 'data'}"
-    )
-
-
-def _tiny(root: Path) -> None:
-    """One 64 KiB file: the fixed cost of a staging, with no bytes worth timing."""
-    root.mkdir(parents=True)
-    (root / "t.bin").write_bytes(os.urandom(64 << 10))
-    subprocess.run(
-        [Path(sys.executable).parent / "mlhpc", "manifest", str(root)], check=True, capture_output=True
     )
 
 

@@ -17,10 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
-from cluster_staging_cluster import REPO, StudyError, load_setup, on_host
+from cluster_staging_cluster import REPO, TINY_BYTES, StudyError, load_setup, on_host
 
-from mlhpc.staging.exchange import HEADER_BYTES, chunk_size
-from mlhpc.staging.request import DEFAULT_CHUNK_BYTES
+from mlhpc.study.model import gather_stride
 
 COLUMNS = [
     "date", "commit", "nodes", "mode", "repeat", "stage_s", "wall_s", "dataset_bytes", "files",
@@ -140,7 +139,7 @@ def cmd_allgather(args: argparse.Namespace) -> None:
         seconds = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("GATHER ")]
         if proc.returncode != 0 or len(seconds) != args.repeats:
             raise StudyError(f"all-gather on {n} nodes failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
-        stride = chunk_size(DEFAULT_CHUNK_BYTES, n) + HEADER_BYTES
+        stride = gather_stride(n)
         rows = [
             {
                 "date": datetime.date.today().isoformat(),
@@ -170,7 +169,7 @@ def cmd_gather_task(args: argparse.Namespace) -> None:
     comm = make_comm("torch")
     try:
         n = comm.topology.num_nodes
-        stride = chunk_size(DEFAULT_CHUNK_BYTES, n) + HEADER_BYTES
+        stride = gather_stride(n)
         send, received = bytearray(stride), bytearray(n * stride)
         for r in range(args.repeats + 1):  # the first one sets up the pairs' connections
             started = time.perf_counter()
@@ -288,7 +287,7 @@ def cmd_measure(args: argparse.Namespace, *, tiny: bool = False) -> None:
                 row = _run_point(setup, n, mode, tiny=tiny, nice=args.nice)
                 row.update(
                     date=datetime.date.today().isoformat(), commit=_commit(), repeat=r,
-                    dataset_bytes=64 << 10 if tiny else total, link=setup["link"], fs=setup["fs"], nice=args.nice,
+                    dataset_bytes=TINY_BYTES if tiny else total, link=setup["link"], fs=setup["fs"], nice=args.nice,
                 )  # fmt: skip
                 if tiny:
                     row["mode"] = "tiny"

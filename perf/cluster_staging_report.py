@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster_staging_cluster import StudyError, bits_per_s, load_setup
+from cluster_staging_cluster import StudyError, bits_per_s, file_sizes, load_setup
 from cluster_staging_measure import dataset_sizes
 
 from mlhpc.study.model import MODES, Setup, crossover, model_crossover, model_seconds
@@ -56,7 +55,7 @@ class Findings:
 
 def report(rows: list[dict], sizes: Sequence[int], setup: Setup) -> Findings:
     """The table and the crossovers; `setup` carries the measured all-gather rates, if any."""
-    links = dataclasses.replace(setup, allgather_bytes_s=())
+    links = setup.at_link_rate()
     points = _summarize(rows)
     counts = sorted({n for n, m in points if m in MODES})
     lines = [
@@ -139,6 +138,7 @@ def _plot(
         "shard": "shard",
     }
     grid = list(range(1, max(counts) + 1))
+    links = setup.at_link_rate()
     for m in MODES:
         have = [n for n in counts if (n, m) in points]
         med = [points[n, m].median for n in have]
@@ -147,7 +147,6 @@ def _plot(
             [points[n, m].high - points[n, m].median for n in have],
         ]
         ax.errorbar(have, med, yerr=err, fmt="o", color=colors[m], capsize=3, label=f"{labels[m]}, measured")
-        links = dataclasses.replace(setup, allgather_bytes_s=())
         model = [model_seconds(m, n, sizes, links) for n in grid]
         ax.plot(grid, model, "--", color=colors[m], alpha=0.8, label=f"{m}: model (shaped rates)")
         if m == "replicate" and setup.allgather_bytes_s:
@@ -229,7 +228,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 def cmd_model(args: argparse.Namespace) -> None:
     setup = Setup(link_bit_s=bits_per_s(args.link), fs_bit_s=bits_per_s(args.fs), overhead_s=args.overhead_s)
-    sizes = [args.file_mib << 20] * max(1, args.total_mib // args.file_mib)
+    sizes = file_sizes(args.total_mib, args.file_mib)
     print("| nodes | " + " | ".join(MODES) + " |\n|---:|" + "---:|" * len(MODES))
     for n in [int(x) for x in args.nodes.split(",")]:
         print(f"| {n} | " + " | ".join(f"{model_seconds(m, n, sizes, setup):.1f}" for m in MODES) + " |")
