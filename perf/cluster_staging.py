@@ -37,7 +37,7 @@ from cluster_staging_cluster import StudyError, cmd_down, cmd_shape, cmd_up
 from cluster_staging_measure import cmd_allgather, cmd_gather_task, cmd_measure, cmd_task
 from cluster_staging_report import cmd_model, cmd_report
 
-from mlhpc.staging.study.model import MODES
+from mlhpc.study.model import MODES
 
 
 def _add_hidden(sub: Any) -> None:
@@ -49,7 +49,7 @@ def _add_hidden(sub: Any) -> None:
     ta.add_argument("command", nargs=argparse.REMAINDER)
 
 
-def parser() -> argparse.ArgumentParser:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf/cluster_staging.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -99,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         if args.cmd == "task":
             cmd_task(args)

@@ -41,8 +41,8 @@ def work_dir(name: str) -> Path:
     return Path(os.environ.get("CLUSTER_STAGING_WORK", "/var/tmp")) / f"mlhpc-cluster-staging-{name}"
 
 
-def vcluster(name: str, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = run_vcluster(args[0], "--name", name, *args[1:], timeout=timeout, env=client_env())
+def _vcluster(name: str, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = run_vcluster(args[0], "--name", name, *args[1:], timeout=timeout, env=_client_env())
     if check and proc.returncode != 0:
         raise StudyError(
             f"scripts/vcluster {' '.join(args[:2])} failed: {(proc.stderr or proc.stdout).strip()[-400:]}"
@@ -54,10 +54,10 @@ def on_host(
     name: str, host: str, command: str, *, check: bool = True, timeout: float = 600
 ) -> subprocess.CompletedProcess:
     """`command` (sh) on a host of the cluster: login for Slurm clients, nodeNN, never here."""
-    return vcluster(name, "exec", host, "--", "sh", "-c", command, check=check, timeout=timeout)
+    return _vcluster(name, "exec", host, "--", "sh", "-c", command, check=check, timeout=timeout)
 
 
-def client_env() -> dict[str, str]:
+def _client_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
     env["OMP_NUM_THREADS"] = "1"
@@ -71,10 +71,20 @@ def load_setup(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def make_dataset(root: Path, total_mib: int, file_mib: int) -> None:
+TINY_BYTES = 64 << 10
+"""The tiny dataset's one file: the fixed cost of a staging (`calibrate`), no bytes worth timing."""
+
+
+def file_sizes(total_mib: int, file_mib: int) -> list[int]:
+    """The study's dataset: `total_mib` in files of `file_mib` (one file at the least)."""
+    return [file_mib << 20] * max(1, total_mib // file_mib)
+
+
+def _make_dataset(root: Path, sizes: list[int]) -> None:
+    """Random files of `sizes` bytes under `root`, with their manifest."""
     root.mkdir(parents=True)
-    for i in range(max(1, total_mib // file_mib)):
-        (root / f"f{i:05d}.bin").write_bytes(os.urandom(file_mib << 20))
+    for i, size in enumerate(sizes):
+        (root / f"f{i:05d}.bin").write_bytes(os.urandom(size))
     subprocess.run(
         [Path(sys.executable).parent / "mlhpc", "manifest", str(root)], check=True, capture_output=True
     )
@@ -102,18 +112,18 @@ def cmd_up(args: argparse.Namespace) -> None:
         "mount": str(work / "mnt"), "tiny": str(work / "tiny"), "tiny_mount": str(work / "tiny-mnt"),
     }  # fmt: skip
     (work / "setup.json").write_text(json.dumps(setup, indent=1))
-    make_dataset(work / "data", args.total_mib, args.file_mib)
-    _tiny(work / "tiny")
+    _make_dataset(work / "data", file_sizes(args.total_mib, args.file_mib))
+    _make_dataset(work / "tiny", [TINY_BYTES])
     smalls = [f"--small-local={n}:{local_mib}M" for n in nodes] + [f"--small-local={storage}:16M"]
     see = seen_by_nodes([REPO, Path(sys.prefix), work])
-    vcluster(args.name, "up", "--nodes", str(args.nodes + 1), "--rate", args.link, *smalls, *see)
-    vcluster(args.name, "shape", storage, "--rate", args.fs)
+    _vcluster(args.name, "up", "--nodes", str(args.nodes + 1), "--rate", args.link, *smalls, *see)
+    _vcluster(args.name, "shape", storage, "--rate", args.fs)
     on_host(args.name, "login", f"scontrol update NodeName={storage} State=DRAIN Reason=storage")
-    setup.update(start_storage(args.name, work, storage))
+    setup.update(_start_storage(args.name, work, storage))
     (work / "setup.json").write_text(json.dumps(setup, indent=1))
     for node in nodes:
-        mount(args.name, setup, node)
-    setup["rtt_ms"] = probe_rtt(args.name, nodes[0], storage)
+        _mount(args.name, setup, node)
+    setup["rtt_ms"] = _probe_rtt(args.name, nodes[0], storage)
     (work / "setup.json").write_text(json.dumps(setup, indent=1))
     print(
         f"cluster_staging: {args.name} up: {len(nodes)} compute nodes at {args.link}, storage {storage} at {args.fs} "
@@ -121,16 +131,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     )
 
 
-def _tiny(root: Path) -> None:
-    """One 64 KiB file: the fixed cost of a staging, with no bytes worth timing."""
-    root.mkdir(parents=True)
-    (root / "t.bin").write_bytes(os.urandom(64 << 10))
-    subprocess.run(
-        [Path(sys.executable).parent / "mlhpc", "manifest", str(root)], check=True, capture_output=True
-    )
-
-
-def start_storage(name: str, work: Path, storage: str) -> dict:
+def _start_storage(name: str, work: Path, storage: str) -> dict:
     """sshd inside the storage node's namespaces, serving SFTP to key holders only."""
     ssh = work / "ssh"
     ssh.mkdir(mode=0o700)
@@ -160,7 +161,7 @@ def start_storage(name: str, work: Path, storage: str) -> dict:
     argv = [sys.executable, str(VCLUSTER), "exec", "--name", name, storage, "--"]
     daemon = subprocess.Popen(
         [*argv, "/usr/sbin/sshd", "-D", "-e", "-f", str(ssh / "sshd_config")],
-        stdout=log, stderr=log, start_new_session=True, env=client_env(),
+        stdout=log, stderr=log, start_new_session=True, env=_client_env(),
     )  # fmt: skip
     for _ in range(50):
         if "Server listening" in (ssh / "sshd.log").read_text():
@@ -171,7 +172,7 @@ def start_storage(name: str, work: Path, storage: str) -> dict:
     return {"sshd_pid": daemon.pid, "made_run_sshd": made}
 
 
-def ssh_options(work: str) -> str:
+def _ssh_options(work: str) -> str:
     return ",".join(
         [
             f"IdentityFile={work}/ssh/key",
@@ -185,9 +186,9 @@ def ssh_options(work: str) -> str:
     )
 
 
-def mount(name: str, setup: dict, node: str) -> None:
+def _mount(name: str, setup: dict, node: str) -> None:
     """The dataset (and the tiny one) at the same path on `node`, through its own sshfs client."""
-    opts = ssh_options(setup["work"])
+    opts = _ssh_options(setup["work"])
     for src, dest in ((setup["data"], setup["mount"]), (setup["tiny"], setup["tiny_mount"])):
         Path(dest).mkdir(exist_ok=True)
         on_host(
@@ -197,7 +198,7 @@ def mount(name: str, setup: dict, node: str) -> None:
         )
 
 
-def probe_rtt(name: str, client: str, server: str) -> float:
+def _probe_rtt(name: str, client: str, server: str) -> float:
     """Median round trip of 1-byte TCP messages between two hosts, idle (ms)."""
     serve = (
         "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
@@ -211,10 +212,10 @@ def probe_rtt(name: str, client: str, server: str) -> float:
         "print(statistics.median(t)*1e3)"
     )
     argv = [sys.executable, str(VCLUSTER), "exec", "--name", name, server, "--", sys.executable, "-c", serve]
-    echo = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=client_env())
+    echo = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_client_env())
     try:
         time.sleep(1.0)
-        out = vcluster(name, "exec", client, "--", sys.executable, "-c", ask).stdout
+        out = _vcluster(name, "exec", client, "--", sys.executable, "-c", ask).stdout
         return float(out.split()[-1])
     finally:
         echo.terminate()
@@ -226,8 +227,8 @@ def cmd_shape(args: argparse.Namespace) -> None:
     setup = load_setup(args.name)
     link, fs = bits_per_s(args.link), bits_per_s(args.fs)
     for node in setup["nodes"]:
-        vcluster(args.name, "shape", node, "--rate", args.link)
-    vcluster(args.name, "shape", setup["storage"], "--rate", args.fs)
+        _vcluster(args.name, "shape", node, "--rate", args.link)
+    _vcluster(args.name, "shape", setup["storage"], "--rate", args.fs)
     setup.update(link=args.link, fs=args.fs, link_bit_s=link, fs_bit_s=fs)
     (Path(setup["work"]) / "setup.json").write_text(json.dumps(setup, indent=1))
     print(f"cluster_staging: compute links {args.link}, storage link {args.fs}")
@@ -242,7 +243,7 @@ def cmd_down(args: argparse.Namespace) -> None:
     if pid := setup.get("sshd_pid"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    vcluster(args.name, "down", check=False)
+    _vcluster(args.name, "down", check=False)
     if setup.get("made_run_sshd"):
         with contextlib.suppress(OSError):  # not empty: not only ours
             Path("/run/sshd").rmdir()

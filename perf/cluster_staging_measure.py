@@ -17,10 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
-from cluster_staging_cluster import REPO, StudyError, load_setup, on_host
+from cluster_staging_cluster import REPO, TINY_BYTES, StudyError, load_setup, on_host
 
-from mlhpc.staging.exchange import HEADER_BYTES, chunk_size
-from mlhpc.staging.request import DEFAULT_CHUNK_BYTES
+from mlhpc.study.model import gather_stride
 
 COLUMNS = [
     "date", "commit", "nodes", "mode", "repeat", "stage_s", "wall_s", "dataset_bytes", "files",
@@ -32,7 +31,7 @@ COLUMNS = [
 # --- measuring ----------------------------------------------------------------------------------
 
 
-def host_cpu() -> tuple[float, float, float]:
+def _host_cpu() -> tuple[float, float, float]:
     """(busy jiffies, all jiffies) from /proc/stat, and the CPU pressure stall total (µs)."""
     fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]
@@ -43,7 +42,7 @@ def host_cpu() -> tuple[float, float, float]:
     return sum(fields) - idle, sum(fields), pressure
 
 
-def sshfs_cpu_s(setup: dict) -> float:
+def _sshfs_cpu_s(setup: dict) -> float:
     """CPU seconds so far of the file system's processes: each node's sshfs and ssh client (their
     command lines name the study's folder) and the storage node's sshd with its children."""
     ppid: dict[int, int] = {}
@@ -72,28 +71,28 @@ def sshfs_cpu_s(setup: dict) -> float:
     return sum(ticks.get(p, 0.0) for p in mine) / os.sysconf("SC_CLK_TCK")
 
 
-SCRIPT = Path(__file__).resolve().with_name("cluster_staging.py")
+_SCRIPT = Path(__file__).resolve().with_name("cluster_staging.py")
 """The study's command: each task on a node runs its `task` or `gather-task`."""
-STAGED = re.compile(
+_STAGED = re.compile(
     r"staged (\d+) files, (\d+) bytes to \S+ in ([\d.]+) s \(.*mode (\w+), (\d+) node.*the job read (\d+) source bytes"
 )
 
 
-def run_point(setup: dict, nodes: int, mode: str, *, tiny: bool = False, nice: int = 0) -> dict:
+def _run_point(setup: dict, nodes: int, mode: str, *, tiny: bool = False, nice: int = 0) -> dict:
     """One `srun -N nodes mlhpc stage` from the login host; each task under `task` (CPU use)."""
     name, hosts = setup["name"], setup["nodes"][:nodes]
     src = setup["tiny_mount"] if tiny else setup["mount"]
     dest = f"/local/cs-{uuid.uuid4().hex[:8]}"
-    task = f"nice -n {nice} {sys.executable} {SCRIPT} task --dest {dest} -- mlhpc stage {src} {dest} --mode {mode}"
+    task = f"nice -n {nice} {sys.executable} {_SCRIPT} task --dest {dest} -- mlhpc stage {src} {dest} --mode {mode}"
     script = f"{task}; rc=$?; rm -rf {dest}; exit $rc"
     command = (
         f"srun -N {nodes} -w {','.join(hosts)} --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c '{script}'"
     )
-    before, fs_before, t0 = host_cpu(), sshfs_cpu_s(setup), time.perf_counter()
+    before, fs_before, t0 = _host_cpu(), _sshfs_cpu_s(setup), time.perf_counter()
     load1 = os.getloadavg()[0]
     proc = on_host(name, "login", command, check=False, timeout=590)
-    wall, after, fs_after = time.perf_counter() - t0, host_cpu(), sshfs_cpu_s(setup)
-    match = STAGED.search(proc.stdout)
+    wall, after, fs_after = time.perf_counter() - t0, _host_cpu(), _sshfs_cpu_s(setup)
+    match = _STAGED.search(proc.stdout)
     stats = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("CSTAT ")]
     if proc.returncode != 0 or match is None or len(stats) != nodes:
         raise StudyError(
@@ -129,7 +128,7 @@ def cmd_allgather(args: argparse.Namespace) -> None:
     out = Path(args.out) / "cluster_staging.csv"
     for n in [int(x) for x in args.nodes.split(",")]:
         hosts = ",".join(setup["nodes"][:n])
-        task = f"nice -n {args.nice} {sys.executable} {SCRIPT} gather-task --repeats {args.repeats}"
+        task = f"nice -n {args.nice} {sys.executable} {_SCRIPT} gather-task --repeats {args.repeats}"
         proc = on_host(
             setup["name"],
             "login",
@@ -140,11 +139,11 @@ def cmd_allgather(args: argparse.Namespace) -> None:
         seconds = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("GATHER ")]
         if proc.returncode != 0 or len(seconds) != args.repeats:
             raise StudyError(f"all-gather on {n} nodes failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
-        stride = chunk_size(DEFAULT_CHUNK_BYTES, n) + HEADER_BYTES
+        stride = gather_stride(n)
         rows = [
             {
                 "date": datetime.date.today().isoformat(),
-                "commit": commit(),
+                "commit": _commit(),
                 "nodes": n,
                 "mode": "allgather",
                 "repeat": r,
@@ -156,7 +155,7 @@ def cmd_allgather(args: argparse.Namespace) -> None:
             }
             for r, t in enumerate(seconds)
         ]
-        append_rows(out, rows)
+        _append_rows(out, rows)
         rate = (n - 1) * stride / statistics.median(seconds) / 1e6
         print(
             f"{n} nodes: all-gather of {stride} B per node in {statistics.median(seconds):.2f} s: {rate:.2f} MB/s in"
@@ -170,7 +169,7 @@ def cmd_gather_task(args: argparse.Namespace) -> None:
     comm = make_comm("torch")
     try:
         n = comm.topology.num_nodes
-        stride = chunk_size(DEFAULT_CHUNK_BYTES, n) + HEADER_BYTES
+        stride = gather_stride(n)
         send, received = bytearray(stride), bytearray(n * stride)
         for r in range(args.repeats + 1):  # the first one sets up the pairs' connections
             started = time.perf_counter()
@@ -194,7 +193,7 @@ def cmd_task(args: argparse.Namespace) -> None:
     end: dict[tuple[int, int], tuple[float, float]] | None = None
     opened = closed = math.nan
     while child.poll() is None:
-        seen.update(thread_times(child.pid))
+        seen.update(_thread_times(child.pid))
         now = time.perf_counter()
         if start is None and dest.exists():
             start, opened = dict(seen), now
@@ -222,10 +221,10 @@ def cmd_task(args: argparse.Namespace) -> None:
     sys.exit(child.returncode)
 
 
-def thread_times(pid: int) -> dict[tuple[int, int], tuple[float, float]]:
+def _thread_times(pid: int) -> dict[tuple[int, int], tuple[float, float]]:
     """(CPU ns, runnable-waiting ns) of every thread of `pid` and of its descendants."""
     out = {}
-    for proc in [pid, *children_of(pid)]:
+    for proc in [pid, *_children_of(pid)]:
         for task in Path(f"/proc/{proc}/task").glob("*"):
             try:
                 run_ns, wait_ns = (float(x) for x in (task / "schedstat").read_text().split()[:2])
@@ -235,7 +234,7 @@ def thread_times(pid: int) -> dict[tuple[int, int], tuple[float, float]]:
     return out
 
 
-def children_of(parent: int) -> list[int]:
+def _children_of(parent: int) -> list[int]:
     """All descendants of `parent` (worker processes of a stage)."""
     ppid: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -250,14 +249,14 @@ def children_of(parent: int) -> list[int]:
     return found
 
 
-def commit() -> str:
+def _commit() -> str:
     proc = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
     return proc.stdout.strip() or "unknown"
 
 
-def append_rows(path: Path, rows: list[dict]) -> None:
+def _append_rows(path: Path, rows: list[dict]) -> None:
     new = not path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", newline="") as f:
@@ -285,14 +284,14 @@ def cmd_measure(args: argparse.Namespace, *, tiny: bool = False) -> None:
     for n in counts:
         for r in range(args.repeats):
             for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # each mode first in turn
-                row = run_point(setup, n, mode, tiny=tiny, nice=args.nice)
+                row = _run_point(setup, n, mode, tiny=tiny, nice=args.nice)
                 row.update(
-                    date=datetime.date.today().isoformat(), commit=commit(), repeat=r,
-                    dataset_bytes=64 << 10 if tiny else total, link=setup["link"], fs=setup["fs"], nice=args.nice,
+                    date=datetime.date.today().isoformat(), commit=_commit(), repeat=r,
+                    dataset_bytes=TINY_BYTES if tiny else total, link=setup["link"], fs=setup["fs"], nice=args.nice,
                 )  # fmt: skip
                 if tiny:
                     row["mode"] = "tiny"
-                append_rows(out, [row])
+                _append_rows(out, [row])
                 print(
                     f"{n} node(s) {row['mode']:<9} repeat {r}: {row['stage_s']:.2f} s staging ({row['wall_s']:.1f} s srun); "
                     f"stage CPU {row['stage_cpu_s']:.1f} s, waited {row['stage_wait_s']:.1f} s; sshfs CPU {row['sshfs_cpu_s']:.1f} s; "

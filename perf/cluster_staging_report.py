@@ -5,22 +5,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster_staging_cluster import StudyError, bits_per_s, load_setup
+from cluster_staging_cluster import StudyError, bits_per_s, file_sizes, load_setup
 from cluster_staging_measure import dataset_sizes
 
-from mlhpc.staging.study.model import MODES, Setup, crossover, model_crossover, model_seconds
+from mlhpc.study.model import MODES, Setup, crossover, model_crossover, model_seconds
 
 # --- the report ---------------------------------------------------------------------------------
 
 
-def read_rows(path: Path) -> list[dict]:
+def _read_rows(path: Path) -> list[dict]:
     if not path.exists():
         raise StudyError(f"{path} not found: run perf/cluster_staging.py measure first")
     with path.open() as f:
@@ -28,18 +27,18 @@ def read_rows(path: Path) -> list[dict]:
 
 
 @dataclass(frozen=True)
-class Point:
+class _Point:
     median: float
     low: float
     high: float
     count: int
 
 
-def summarize(rows: list[dict]) -> dict[tuple[int, str], Point]:
+def _summarize(rows: list[dict]) -> dict[tuple[int, str], _Point]:
     groups: dict[tuple[int, str], list[float]] = {}
     for row in rows:
         groups.setdefault((int(row["nodes"]), row["mode"]), []).append(float(row["stage_s"]))
-    return {k: Point(statistics.median(v), min(v), max(v), len(v)) for k, v in groups.items()}
+    return {k: _Point(statistics.median(v), min(v), max(v), len(v)) for k, v in groups.items()}
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,8 @@ class Findings:
 
 def report(rows: list[dict], sizes: Sequence[int], setup: Setup) -> Findings:
     """The table and the crossovers; `setup` carries the measured all-gather rates, if any."""
-    links = dataclasses.replace(setup, allgather_bytes_s=())
-    points = summarize(rows)
+    links = setup.at_link_rate()
+    points = _summarize(rows)
     counts = sorted({n for n, m in points if m in MODES})
     lines = [
         "| nodes | copy | model | replicate | model | model, measured all-gather | shard | model |",
@@ -84,14 +83,14 @@ def report(rows: list[dict], sizes: Sequence[int], setup: Setup) -> Findings:
     )
 
 
-def allgather_table(setup: Setup) -> str:
+def _allgather_table(setup: Setup) -> str:
     lines = ["| nodes | all-gather, MB/s into each node | of the link's payload rate |", "|---:|---:|---:|"]
     for n, rate in setup.allgather_bytes_s:
         lines.append(f"| {n} | {rate / 1e6:.2f} | {rate / setup.link_bytes_s:.0%} |")
     return "\n".join(lines)
 
 
-def cpu_table(rows: list[dict]) -> str:
+def _cpu_table(rows: list[dict]) -> str:
     """Per node count and mode (medians over the repeats), per second of staging: CPU the stage
     processes used (all nodes together) and the threads that waited for a CPU while runnable (on
     average), CPU of the file system's processes (sshfs, ssh, sshd), and the whole machine."""
@@ -117,7 +116,7 @@ def _median(rows: list[dict], key: str, *, per_s: bool = False) -> float:
     return statistics.median(float(r[key]) / (float(r["stage_s"]) if per_s else 1.0) for r in rows)
 
 
-def plot(
+def _plot(
     rows: list[dict],
     sizes: Sequence[int],
     setup: Setup,
@@ -129,7 +128,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = summarize(rows)
+    points = _summarize(rows)
     counts = sorted({n for n, m in points if m in MODES})
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"copy": "tab:red", "replicate": "tab:blue", "shard": "tab:green"}
@@ -139,6 +138,7 @@ def plot(
         "shard": "shard",
     }
     grid = list(range(1, max(counts) + 1))
+    links = setup.at_link_rate()
     for m in MODES:
         have = [n for n in counts if (n, m) in points]
         med = [points[n, m].median for n in have]
@@ -147,7 +147,6 @@ def plot(
             [points[n, m].high - points[n, m].median for n in have],
         ]
         ax.errorbar(have, med, yerr=err, fmt="o", color=colors[m], capsize=3, label=f"{labels[m]}, measured")
-        links = dataclasses.replace(setup, allgather_bytes_s=())
         model = [model_seconds(m, n, sizes, links) for n in grid]
         ax.plot(grid, model, "--", color=colors[m], alpha=0.8, label=f"{m}: model (shaped rates)")
         if m == "replicate" and setup.allgather_bytes_s:
@@ -204,7 +203,7 @@ def setup_from_rows(rows: list[dict]) -> Setup:
 
 def cmd_report(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    rows = read_rows(out / "cluster_staging.csv")
+    rows = _read_rows(out / "cluster_staging.csv")
     setup = setup_from_rows(rows)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else dataset_sizes(load_setup(args.name))
     found = report(rows, sizes, setup)
@@ -219,17 +218,17 @@ def cmd_report(args: argparse.Namespace) -> None:
         f"{found.table}\n\nSeconds: rank 0's staging time, median (min-max) of the repeats; t0 (tiny dataset, "
         f"1 node) = {setup.overhead_s:.2f} s.\n\nCrossover copy/replicate: measured {nodes(found.measured, False)}; "
         f"model {nodes(found.predicted)}; model with the measured all-gather {nodes(found.predicted_gather)}.\n\n"
-        f"{allgather_table(setup)}\n\n{cpu_table(rows)}\n"
+        f"{_allgather_table(setup)}\n\n{_cpu_table(rows)}\n"
     )
     (out / "cluster_staging.md").write_text(text)
     png = Path(args.png) if args.png else out / "cluster_staging.png"
-    plot(rows, sizes, setup, png, found)
+    _plot(rows, sizes, setup, png, found)
     print(text)
 
 
 def cmd_model(args: argparse.Namespace) -> None:
     setup = Setup(link_bit_s=bits_per_s(args.link), fs_bit_s=bits_per_s(args.fs), overhead_s=args.overhead_s)
-    sizes = [args.file_mib << 20] * max(1, args.total_mib // args.file_mib)
+    sizes = file_sizes(args.total_mib, args.file_mib)
     print("| nodes | " + " | ".join(MODES) + " |\n|---:|" + "---:|" * len(MODES))
     for n in [int(x) for x in args.nodes.split(",")]:
         print(f"| {n} | " + " | ".join(f"{model_seconds(m, n, sizes, setup):.1f}" for m in MODES) + " |")

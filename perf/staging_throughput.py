@@ -6,8 +6,7 @@ median of the rounds' own ratios, printed with the lowest and highest round:
 
 - `copy`: the command's wall time, as a user waits for it (no sync). `mlhpc stage` is the
   real command in a new process; `in run` is `stage_dataset` in a process that has mlhpc
-  imported already, as `mlhpc run` stages; `in run, kernel` the same with `io="kernel"`
-  (large files copied by `copy_file_range`, hashed from the copy's pages).
+  imported already, as `mlhpc run` stages.
 - `+read`: that, plus the time until every staged file has been read once (the first epoch).
 - `+sync` (an extra, labelled): the copy, then `sync` until it is on disk.
 
@@ -16,7 +15,7 @@ one the source is read once; then a pause of `dataset.SETTLE_S`. Copies of many 
 new folders that are removed only at the end: removing thousands of files makes ext4 skip the
 freed inodes for a minute or more (`recently_deleted`), which would slow whichever copy runs
 next. `--cgroup-mib N` runs the large cold case once more with `mlhpc stage` in a memory cgroup
-of N MiB (v1 or v2, root): a dataset larger than the memory it may use, auto against buffered.
+of N MiB (v1 or v2, root): a dataset larger than the memory it may use, against `cp -r` there.
 
     python perf/staging_throughput.py [--rounds 3] [--cases small-warm,small-cold,large-warm,large-cold]
         [--small-files 4000] [--small-kib 64] [--large-files 4] [--large-mib 128] [--ranks 2]
@@ -39,7 +38,7 @@ from pathlib import Path
 
 from mlhpc.staging.request import StageRequest
 from mlhpc.staging.stage import stage_dataset
-from mlhpc.staging.study import cgroup, clock, dataset, rank_groups
+from mlhpc.study import cgroup, clock, dataset, rank_groups
 
 CASES = ("small-warm", "small-cold", "large-warm", "large-cold", "small-ranks", "large-ranks")
 
@@ -148,7 +147,6 @@ def one_rank(case: str, src: Path, work: Path, rounds: int, files: int) -> None:
     }
     if large:
         methods["parallel cp"] = lambda d: parallel_cp(src, d)
-        methods["in run, kernel"] = lambda d: stage_dataset(StageRequest(src, d, io="kernel"))
     result = Case()
     for r in range(rounds):
         order = list(methods) if r % 2 == 0 else list(reversed(methods))
@@ -158,7 +156,7 @@ def one_rank(case: str, src: Path, work: Path, rounds: int, files: int) -> None:
             if large:
                 shutil.rmtree(dest)  # four files: no inode effect worth the disk space
     baselines = ["cp -r", "tar | tar"] + (["parallel cp"] if large else [])
-    mine = ["mlhpc stage", "in run"] + (["in run, kernel"] if large else [])
+    mine = ["mlhpc stage", "in run"]
     result.report(f"{case} ({files} files)", files, baselines, mine)
 
 
@@ -188,33 +186,28 @@ def two_ranks(case: str, src: Path, work: Path, rounds: int, files: int, ranks: 
 
 
 def cgroup_case(src: Path, work: Path, mib: int, rounds: int) -> None:
-    """`mlhpc stage` with --io auto and --io buffered inside a memory cgroup of `mib` MiB."""
+    """`mlhpc stage` against `cp -r`, both inside a memory cgroup of `mib` MiB (a dataset
+    larger than the memory it may use), cold."""
     group = cgroup.memory_cgroup(f"mlhpc-perf-{os.getpid()}", mib << 20)
     if group is None:
         print("cgroup case skipped: no writable memory cgroup (needs root)")
         return
+    commands = {
+        "cp -r": lambda dest: ["cp", "-r", str(src), str(dest)],
+        "mlhpc stage": lambda dest: [sys.executable, "-m", "mlhpc", "stage", str(src), str(dest)],
+    }
     try:
         result = Case()
-        chosen = ""
         for r in range(rounds):
-            for io in ("auto", "buffered") if r % 2 == 0 else ("buffered", "auto"):
-                dest = work / f"cgroup-{io}-{r}"
+            for name in commands if r % 2 == 0 else reversed(commands):
+                dest = work / f"cgroup-{name.replace(' ', '')}-{r}"
 
-                def copy(dest: Path = dest, io: str = io) -> None:
-                    nonlocal chosen
-                    proc = cgroup.run_in_cgroup(
-                        group, [sys.executable, "-m", "mlhpc", "stage", str(src), str(dest), "--io", io]
-                    )
-                    chosen = proc.stdout.strip().rsplit("I/O ", 1)[-1] if io == "auto" else chosen
+                def copy(dest: Path = dest, name: str = name) -> None:
+                    cgroup.run_in_cgroup(group, commands[name](dest))
 
-                result.measure(f"--io {io}", src, dest, True, copy)
+                result.measure(name, src, dest, True, copy)
                 shutil.rmtree(dest)
-        result.report(
-            f"large cold in a {mib} MiB memory cgroup; auto chose: {chosen}",
-            1,
-            ["--io buffered"],
-            ["--io auto"],
-        )
+        result.report(f"large cold in a {mib} MiB memory cgroup", 1, ["cp -r"], ["mlhpc stage"])
     finally:
         cgroup.remove_cgroup(group)
 

@@ -16,13 +16,13 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         "mlhpc stage-bench --out runs/stage-bench --total-mib 512 --file-kib 64,1024,65536",
     )
     if command in (None, "stage-bench"):
-        from mlhpc.staging.study.bench import add_bench_arguments
+        from mlhpc.study.bench import add_bench_arguments
 
         add_bench_arguments(bench)
     bench.set_defaults(handler=_stage_bench)
 
 
 def _stage_bench(args: argparse.Namespace) -> int:
-    from mlhpc.staging.study.bench import run_bench
+    from mlhpc.study.bench import run_bench
 
     return run_bench(args)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from mlhpc.common.cluster.threads import count_bound
 from mlhpc.common.errors import ConfigError
 from mlhpc.staging.localdir import STAGE_OWNER
-from mlhpc.staging.study import space
+from mlhpc.study import space
 from tests.helpers.cli import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_the_free_space_check_counts_copies_per_rank(tmp_path: Path) -> None:
 REMOVER = """
 import sys, time
 from pathlib import Path
-from mlhpc.staging.study import space
+from mlhpc.study import space
 
 made = space.claimed_dir(Path(sys.argv[1]), space.SCRATCH_PREFIX, Path(sys.argv[1]))
 for i in range(3000):

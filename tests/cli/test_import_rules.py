@@ -1,4 +1,5 @@
-"""The import rules: common/ is the bottom layer; staging, the checker and the catalog run without torch.
+"""The import rules: common/ is the bottom layer; staging, the checker and the catalog run without torch;
+only `mlhpc stage-bench` imports the study, when it runs.
 
 A login node has no torch: `mlhpc check`, `mlhpc stage` and the validation of a Slurm campaign
 must work there. Static rules read the source (AST); runtime rules import in a fresh interpreter.
@@ -191,7 +192,7 @@ def import_each(package: str, exempt: set[str] = TORCH_BY_DESIGN) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("package", ["mlhpc.staging", "mlhpc.submission_checker"])
+@pytest.mark.parametrize("package", ["mlhpc.staging", "mlhpc.study", "mlhpc.submission_checker"])
 def test_login_node_packages_import_no_torch(package: str) -> None:
     result = import_each(package)
     assert len(result["imported"]) > 3, result
@@ -226,6 +227,8 @@ def imports_under(folder: Path, package: str, prefixes: tuple[str, ...]) -> list
         ("campaign", ("mlhpc.cli", "mlhpc.commands", "mlhpc.results")),
         # What runs produced is read from their files, not from the code that ran them.
         ("results", ("mlhpc.cli", "mlhpc.commands", "mlhpc.campaign")),
+        # The study measures staging: it needs no command, campaign or results store.
+        ("study", ("mlhpc.cli", "mlhpc.commands", "mlhpc.campaign", "mlhpc.results")),
     ],
 )
 def test_the_top_floor_rooms_do_not_reach_up_or_across(room: str, above: tuple[str, ...]) -> None:
@@ -234,10 +237,66 @@ def test_the_top_floor_rooms_do_not_reach_up_or_across(room: str, above: tuple[s
     assert imports_under(folder, f"mlhpc.{room}", above) == []
 
 
+# The study (`mlhpc stage-bench`, the model of staging time) sits beside the product: the one
+# command that runs it imports it when it is the command, nothing else at all.
+STUDY = ("mlhpc.study",)
+STUDY_USER = "mlhpc.commands.stage_bench"
+PRODUCT = {
+    "mlhpc": "mlhpc",
+    "common": "mlhpc.common",
+    "staging": "mlhpc.staging",
+    "submission_checker": "mlhpc.submission_checker",
+    "benchmarks": "mlhpc.benchmarks",
+}
+
+
+def lines_in_functions(source: str) -> set[int]:
+    """The lines of `source` that lie inside a function: an import there runs only when called."""
+    return {
+        line
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    }
+
+
+def study_importers(folder: Path, package: str) -> list[str]:
+    """`module:line` for each import of the study under `folder` (the `package` package) but the
+    study's own and the stage-bench command's inside a function."""
+    broken = []
+    for path, own, line, module in imports_in(folder, package):
+        if own == STUDY[0] or own.startswith(f"{STUDY[0]}."):
+            continue
+        if not any(module == p or module.startswith(p + ".") for p in STUDY):
+            continue
+        if own == STUDY_USER and line in lines_in_functions((folder / path).read_text(encoding="utf-8")):
+            continue
+        broken.append(f"{own}:{line} imports {module}")
+    return broken
+
+
+def test_only_the_stage_bench_command_imports_the_study_and_only_when_run(tmp_path: Path) -> None:
+    broken = [b for folder, package in PRODUCT.items() for b in study_importers(REPO / folder, package)]
+    assert broken == []
+    assert import_cycle(REPO / "mlhpc" / "study", "mlhpc.study") is None
+    # The rule sees the command importing it at the top, and any other module importing it lazily.
+    (tmp_path / "commands").mkdir()
+    (tmp_path / "commands" / "stage_bench.py").write_text(
+        "from mlhpc.study import bench\ndef f():\n    from ..study import model\n"
+    )
+    (tmp_path / "commands" / "stage.py").write_text("def f():\n    import mlhpc.study.raw\n")
+    assert study_importers(tmp_path, "mlhpc") == [
+        "mlhpc.commands.stage:2 imports mlhpc.study.raw",
+        "mlhpc.commands.stage_bench:1 imports mlhpc.study.bench",
+    ]
+
+
 def import_cycle(folder: Path, package: str) -> list[str] | None:
     """A cycle among the modules under `folder` (imports at the top or inside functions alike),
     or None: one that only works because an import waits inside a function is still a circle."""
-    modules = {".".join([package, *p.relative_to(folder).with_suffix("").parts]) for p in folder.rglob("*.py")}
+    modules = {
+        ".".join([package, *p.relative_to(folder).with_suffix("").parts]) for p in folder.rglob("*.py")
+    }
     graph: dict[str, set[str]] = {module: set() for module in modules}
     for _, own, _, module in imports_in(folder, package):
         target = module if module in modules else module.rpartition(".")[0]

@@ -28,7 +28,7 @@ from mlhpc.common.safeio.writable import (
     refuse_output_over_inputs,
     remove_marked_dir,
 )
-from mlhpc.staging.study import dataset
+from mlhpc.study import dataset
 from tests.helpers.datasets import tree
 
 DATA = Path(__file__).parents[1] / "data"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.staging.study import model as vm  # the model on the virtual cluster
+from mlhpc.study import model as vm  # the model on the virtual cluster
 from tests.helpers.cli import cli_env
 from tests.helpers.vcluster_fixture import vcluster_missing
 

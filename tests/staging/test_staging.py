@@ -44,7 +44,7 @@ from mlhpc.staging.parallel import run_copies
 from mlhpc.staging.plan import CopyOp, Topology, node_files, plan_copies, plan_exchange, rank_files
 from mlhpc.staging.request import CopyOptions
 from mlhpc.staging.source import RACY_NS
-from mlhpc.staging.study.model import Cluster, model_table, staging_time
+from mlhpc.study.model import Cluster, model_table, staging_time
 from tests.helpers.cli import cli_env
 from tests.helpers.datasets import dataset_files
 from tests.helpers.processes import lock_held_elsewhere

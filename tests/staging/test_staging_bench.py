@@ -14,7 +14,7 @@ import pytest
 
 from mlhpc.cli import main
 from mlhpc.staging.comm import CallbackComm
-from mlhpc.staging.study import baselines, clock, dataset, rank_groups, raw
+from mlhpc.study import baselines, clock, dataset, rank_groups, raw
 from tests.helpers.datasets import tree
 
 COPIES = ("cp", "tar", "mlhpc")  # staged data to read once; the raw disk measures stage nothing
@@ -330,7 +330,7 @@ def test_the_cache_is_dropped_once_per_dataset_and_the_source_evicted_per_step(
 def test_the_estimate_grows_with_the_plan() -> None:
     import argparse
 
-    from mlhpc.staging.study.bench import estimate_seconds
+    from mlhpc.study.bench import estimate_seconds
 
     def args(**changes: Any) -> argparse.Namespace:
         plain = {"data": None, "repeats": 1, "ranks": [1], "workers": [1], "warm": True}

@@ -14,7 +14,7 @@ PROBE = """
 import sys
 from mlhpc.cli import main
 code = main(sys.argv[1:])
-heavy = sorted(m for m in ("mlhpc.campaign.slurm", "mlhpc.staging.study", "torch") if m in sys.modules)
+heavy = sorted(m for m in ("mlhpc.campaign.slurm", "mlhpc.study", "torch") if m in sys.modules)
 print("imported:", ",".join(heavy) or "-")
 raise SystemExit(code)
 """

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mlhpc.staging.sink import ALIGN, BufferPool, align_up
-from mlhpc.staging.study.clock import timed
-from mlhpc.staging.study.dataset import fresh_path, source_files
+from mlhpc.staging.exchange import BufferPool
+from mlhpc.study.clock import timed
+from mlhpc.study.dataset import fresh_path, source_files
 
 _BLOCK = 16 << 20
 
@@ -28,7 +28,12 @@ best differs (here 32 on 64 KiB files, 4 on 1 MiB ones); 32 is what `mlhpc stage
 flight by default, so no copy can win by keeping a deeper queue than its baseline."""
 
 
-_read_buffers = BufferPool()
+_read_buffers = BufferPool()  # page-aligned (mmap), as O_DIRECT wants
+ALIGN = 4096
+
+
+def align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from typing import Any
 
 from mlhpc.common.display.plots import pyplot, write_png
 from mlhpc.common.safeio.fileio import atomic_write_text
-from mlhpc.staging.study.clock import Timing
+from mlhpc.study.clock import Timing
 
 CSV_FIELDS = (
     "file_kib",

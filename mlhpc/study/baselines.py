@@ -13,9 +13,9 @@ from pathlib import Path
 from mlhpc.common.errors import StagingError
 from mlhpc.staging.request import StageRequest
 from mlhpc.staging.stage import stage_dataset
-from mlhpc.staging.study import dataset
-from mlhpc.staging.study.clock import Timing, median_timing, user_clock
-from mlhpc.staging.study.raw import RAW_DEPTHS, raw_copy_seconds, raw_read_seconds, raw_write_seconds
+from mlhpc.study import dataset
+from mlhpc.study.clock import Timing, median_timing, user_clock
+from mlhpc.study.raw import RAW_DEPTHS, raw_copy_seconds, raw_read_seconds, raw_write_seconds
 
 
 def _copy_timing(copy: Callable[[], object], src: Path, dest: Path, cold: bool) -> Timing:

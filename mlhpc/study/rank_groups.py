@@ -19,8 +19,8 @@ from mlhpc.staging.comm import CallbackComm, Communicator
 from mlhpc.staging.connect import make_comm
 from mlhpc.staging.request import StageRequest
 from mlhpc.staging.stage import stage_dataset
-from mlhpc.staging.study import dataset
-from mlhpc.staging.study.clock import Timing
+from mlhpc.study import dataset
+from mlhpc.study.clock import Timing
 
 
 def run_plan(comm: Communicator, plan: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,7 +91,7 @@ def run_plan_in_ranks(
 
 def _launch_group(plan_path: Path, result_path: Path, ranks: int, comm: str) -> list[dict[str, Any]]:
     """Launch the `ranks` processes on `plan_path`; their rank 0 writes `result_path`."""
-    module = ["-m", "mlhpc.staging.study.rank_groups", str(plan_path), str(result_path), comm]
+    module = ["-m", "mlhpc.study.rank_groups", str(plan_path), str(result_path), comm]
     if comm == "mpi":
         launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), sys.executable]
     else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.staging.study import dataset
+from mlhpc.study import dataset
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,16 +1,19 @@
-"""The staging-time model, one per scale: a paper model against node count for datasets too
-large for this machine (`staging_time`), and the model of `mlhpc stage` on the virtual cluster
-that perf/cluster_staging.py measures (`model_seconds`, with the exchange's rounds).
+"""The model of staging time against node count, the one `mlhpc stage-bench --model` prints and
+perf/cluster_staging.py sets beside its measurements, at two scales: on paper for datasets too
+large for this machine (`staging_time`), and for `mlhpc stage` on the virtual cluster
+(`model_seconds`, with the exchange's rounds).
 
 Staging is a pipeline (read from the shared file system, send over the network, write to
 node-local disk), so its time is set by its slowest stage; each mode loads the stages
-differently. All bandwidths are in bytes per second and are assumptions, stated by the caller.
+differently, and both scales load them alike (`reads`). They part where the virtual cluster's
+trace showed them to: there one link carries a node's reads and its exchange, one after the
+other. All bandwidths are in bytes per second and are assumptions, stated by the caller.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlhpc.staging.exchange import HEADER_BYTES, chunk_size
 from mlhpc.staging.manifest import FileEntry
@@ -38,6 +41,14 @@ class Cluster:
     """Node-local disk capacity."""
 
 
+def reads(mode: str, nodes: int, total: float, share: float) -> tuple[float, float]:
+    """(bytes the shared file system serves, bytes one node reads from it) to stage `total` bytes
+    onto `nodes` nodes: in copy every node reads all of it, else each reads its `share` once."""
+    if mode == "copy":
+        return total * nodes, total
+    return total, share
+
+
 @dataclass(frozen=True)
 class Estimate:
     seconds: float
@@ -55,10 +66,10 @@ def staging_time(dataset_bytes: float, nodes: int, mode: Mode, cluster: Cluster)
     and writes D. shard: each node reads and writes D/N.
     """
     per_node = dataset_bytes / nodes if mode == "shard" else dataset_bytes
-    fs_total = dataset_bytes * (nodes if mode == "copy" else 1)
+    fs_total, node_reads = reads(mode, nodes, dataset_bytes, dataset_bytes / nodes)
     stages = {
         "shared FS": fs_total / cluster.shared_fs_bytes_s,
-        "client": (dataset_bytes / nodes if mode != "copy" else dataset_bytes) / cluster.client_bytes_s,
+        "client": node_reads / cluster.client_bytes_s,
         "local disk": per_node / cluster.local_write_bytes_s,
     }
     if mode == "replicate" and nodes > 1:
@@ -119,6 +130,10 @@ class Setup:
     def gather_bytes_s(self, nodes: int) -> float:
         return dict(self.allgather_bytes_s).get(nodes, self.link_bytes_s)
 
+    def at_link_rate(self) -> Setup:
+        """This setup with the all-gather at the link's rate: the model from the shaped rates alone."""
+        return replace(self, allgather_bytes_s=())
+
     @property
     def link_bytes_s(self) -> float:
         return self.link_bit_s / 8 * GOODPUT
@@ -126,6 +141,12 @@ class Setup:
     @property
     def fs_bytes_s(self) -> float:
         return self.fs_bit_s / 8 * GOODPUT
+
+
+def gather_stride(nodes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Bytes each node sends in one round of the exchange's all-gather: its chunk, padded to full
+    size, and the header (staging/exchange.py)."""
+    return chunk_size(chunk_bytes, nodes) + HEADER_BYTES
 
 
 def entries(sizes: Sequence[int]) -> list[FileEntry]:
@@ -146,19 +167,28 @@ def model_seconds(mode: str, nodes: int, sizes: Sequence[int], setup: Setup) -> 
     and the all-gathers moving at their own rate after them.
     """
     total = sum(sizes)
-    fs, link = setup.fs_bytes_s, setup.link_bytes_s
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: give one of {', '.join(MODES)}")
     if nodes == 1 or mode == "copy":
-        return setup.overhead_s + max(nodes * total / fs, total / link)
+        return setup.overhead_s + _read_seconds("copy", nodes, total, total, setup)
     if mode == "shard":
         share = max(sum(f.size for f in b) for b in balance(entries(sizes), nodes))
-        return setup.overhead_s + max(total / fs, share / link)
-    if mode != "replicate":
-        raise ValueError(f"mode={mode!r}: give one of {', '.join(MODES)}")
+        return setup.overhead_s + _read_seconds(mode, nodes, total, share, setup)
     exchange = plan_exchange(entries(sizes), [frozenset()] * nodes)
     longest = max(exchange.stream_bytes(n) for n in range(nodes))
-    chunk = chunk_size(setup.chunk_bytes, nodes)
-    gathered = exchange.rounds(chunk) * (nodes - 1) * (chunk + HEADER_BYTES)  # into each node
-    return setup.overhead_s + max(total / fs, longest / link) + gathered / setup.gather_bytes_s(nodes)
+    rounds = exchange.rounds(chunk_size(setup.chunk_bytes, nodes))
+    gathered = rounds * (nodes - 1) * gather_stride(nodes, setup.chunk_bytes)  # into each node
+    return (
+        setup.overhead_s
+        + _read_seconds(mode, nodes, total, longest, setup)
+        + gathered / setup.gather_bytes_s(nodes)
+    )
+
+
+def _read_seconds(mode: str, nodes: int, total: float, share: float, setup: Setup) -> float:
+    """The reads' time: the storage link serves them all, each node's link carries its own."""
+    fs_total, node_reads = reads(mode, nodes, total, share)
+    return max(fs_total / setup.fs_bytes_s, node_reads / setup.link_bytes_s)
 
 
 def crossover(nodes: Sequence[int], copy_s: Sequence[float], replicate_s: Sequence[float]) -> float | None:

@@ -20,10 +20,10 @@ from mlhpc.common.errors import ConfigError
 from mlhpc.common.safeio.writable import check_writable_dir, refuse_output_over_inputs
 from mlhpc.staging.manifest import MANIFEST_NAME
 from mlhpc.staging.plan import MODES
-from mlhpc.staging.study import baselines, dataset, rank_groups, space
-from mlhpc.staging.study.clock import Timing, median_timing, medians
-from mlhpc.staging.study.raw import RAW_DEPTHS
-from mlhpc.staging.study.report import csv_row, size_label, write_outputs
+from mlhpc.study import baselines, dataset, rank_groups, space
+from mlhpc.study.clock import Timing, median_timing, medians
+from mlhpc.study.raw import RAW_DEPTHS
+from mlhpc.study.report import csv_row, size_label, write_outputs
 
 
 def _ints(text: str) -> list[int]:
@@ -74,7 +74,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.model:
-        from mlhpc.staging.study.model import GB, TB, Cluster, model_table
+        from mlhpc.study.model import GB, TB, Cluster, model_table
 
         cluster = Cluster(
             shared_fs_bytes_s=args.fs_gbs * GB,
@@ -199,7 +199,7 @@ def _measure(
 def _plan_datasets(args: argparse.Namespace) -> list[tuple[int, int, int]]:
     """(file KiB, files, bytes) of each dataset of the study, before any is made."""
     if args.data is not None:
-        from mlhpc.staging.source import read_source
+        from mlhpc.staging.stage import read_source
 
         manifest, _ = read_source(args.data)
         files, size = len(manifest.files), manifest.total_bytes
