@@ -33,6 +33,16 @@ StagingIo = Literal["auto", "buffered"]
 """The staging copy's I/O path (`mlhpc stage --io`, `mlhpc run --io`): both the one page-cache path."""
 IO_CHOICES: tuple[StagingIo, ...] = get_args(StagingIo)
 
+StagingMode = Literal["replicate", "shard", "copy"]
+"""What each node ends with (`mlhpc stage --mode`): the whole dataset read once, its share, or a
+copy read by every node. Here for the command line, which builds its parser without importing
+staging; staging's own `MODES` must be the same (tests/staging/test_staging_command_start.py)."""
+STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
+
+STAGING_WORKERS = 32
+"""The default copy and hash threads per rank (`mlhpc stage --workers`, `mlhpc manifest
+--workers`): `StageRequest.workers`'s default, held to it by the same test."""
+
 STAGING_BEFORE_RUN_START_SINCE: Ruleset = "3.0.0"
 """The first round that lets staging come before run_start (1.0.0 and 2.0.0 time it)."""
 

@@ -1,6 +1,6 @@
 """mlhpc: an MLPerf-HPC-style time-to-train submission harness."""
 
-from mlhpc.common.cluster.threads import wait_briefly
+from mlhpc.common.cluster.spin import wait_briefly
 
 __version__ = "0.1.0"
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlhpc import __version__
 from mlhpc.commands import (
@@ -26,18 +24,10 @@ from mlhpc.commands import (
     variability,
     verify,
 )
-from mlhpc.common.cluster.termination import (
-    WORKER_KILLED_EXIT,
-    Terminated,
-    WorkerKilled,
-    ignore_further_stops,
-    is_worker_death,
-    sigterm_raises,
-    worker_death_line,
-)
-from mlhpc.common.display.debug_log import configure_console
-from mlhpc.common.errors import MlhpcError
-from mlhpc.common.printable import shown
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import ModuleType
 
 # Every subcommand, in `mlhpc --help`'s order. Each module's add_parser(sub, command) adds its
 # options (the heavy ones only when `command` is it) and sets handler=_<name>.
@@ -59,7 +49,8 @@ COMMANDS = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    parser = build_parser(next((w for w in words if not w.startswith("-")), None))
+    # The command is the first word; after a top-level option (`mlhpc -h stage`) the whole parser.
+    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
     # key=value overrides may come before or after options, so collect the leftovers here.
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -67,6 +58,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    # Imported once the words parsed: `--help` and a usage error need neither logging nor signals.
+    import signal
+
+    from mlhpc.common.cluster.termination import (
+        Terminated,
+        WorkerKilled,
+        ignore_further_stops,
+        is_worker_death,
+        sigterm_raises,
+        worker_death_line,
+    )
+    from mlhpc.common.display.debug_log import configure_console
+    from mlhpc.common.errors import MlhpcError
+
     debug = bool(os.environ.get("MLHPC_DEBUG"))  # MLHPC_DEBUG=1: the traceback instead of one line
     configure_console(debug=debug)  # libraries' warnings: only into a run's debug log (or with debug)
     try:
@@ -100,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _worker_killed(line: str, args: argparse.Namespace) -> int:
+    from mlhpc.common.cluster.termination import WORKER_KILLED_EXIT, ignore_further_stops
+
     ignore_further_stops()  # the process is ending, as after a stop
     print(stopped_line(line, args, error=True), file=sys.stderr)
     return WORKER_KILLED_EXIT
@@ -108,6 +115,8 @@ def _worker_killed(line: str, args: argparse.Namespace) -> int:
 def stopped_line(how: str, args: argparse.Namespace, *, error: bool = False) -> str:
     """`mlhpc: interrupted`, and for a run the exact command that finishes it (one line);
     `error`: `mlhpc: error: ...`, `how` passed through `shown` (it may quote torch or a name)."""
+    from mlhpc.common.printable import shown
+
     if error:
         how = "error: " + shown(" ".join(how.split()))
     if getattr(args, "command", None) != "run":
@@ -124,6 +133,7 @@ def _program() -> str:
     """How this process was started, as a shell would run it again: `mlhpc` (or the path typed),
     else `python -m mlhpc`."""
     import shlex
+    from pathlib import Path
 
     first = sys.argv[0] if sys.argv else ""
     if Path(first).name == "mlhpc":
@@ -141,15 +151,18 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _error(message: str) -> int:
+    from mlhpc.common.printable import shown
+
     line = " ".join((message.strip().splitlines() or [message])[0].split())
     print(f"mlhpc: error: {shown(line)}", file=sys.stderr)  # names in it may come from outside
     return 2
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with `command` (the one about to run), the options of the others
-    that need heavy imports (run's Slurm options, stage-bench's) are left out: `mlhpc stage`
-    starts without importing the Slurm campaign or the benchmark tools."""
+    """The whole command line; with `command` (the one about to run), that command's parser alone:
+    `mlhpc stage` neither builds the others' parsers nor imports what their options need (the
+    Slurm campaign's words, the benchmark tools). Its --help, its errors and what it parses are the
+    same; None or an unknown word (a typo, whose error lists every command) gets them all."""
     parser = OneLineParser(
         prog="mlhpc",
         description="MLPerf-HPC-style time-to-train: generate data, stage it, train to target, check.",
@@ -159,9 +172,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mlhpc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    for module in COMMANDS:
+    chosen = [m for m in COMMANDS if command_name(m) == command]
+    for module in chosen or COMMANDS:
         module.add_parser(sub, command)
     return parser
+
+
+def command_name(module: ModuleType) -> str:
+    """The word that runs a command module: mlhpc.commands.stage_bench is `stage-bench`."""
+    return module.__name__.rpartition(".")[2].replace("_", "-")
 
 
 if __name__ == "__main__":

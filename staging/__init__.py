@@ -2,16 +2,27 @@
 
 Torch-free so it runs on a login node; ranks coordinate through a small `Communicator`
 (torch.distributed or MPI, imported only when used) or, on one node, a barrier callable.
-The names below are imported when first used, so that `import mlhpc.staging` (and a copy
-worker process, `python -m mlhpc.staging.parallel`) costs nothing it does not need.
+
+The names below are imported on first use (a module `__getattr__`), so `mlhpc verify` or a
+caller of one function loads only the modules it uses, not the whole engine.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-_WHERE = {
+if TYPE_CHECKING:
+    from mlhpc.staging.comm import CallbackComm, Communicator
+    from mlhpc.staging.connect import comm_for, make_comm
+    from mlhpc.staging.destination import STAGED_MARKER
+    from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE, resolve_local_dir
+    from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, hash_file
+    from mlhpc.staging.plan import MODES, Mode, Topology
+    from mlhpc.staging.request import CopyOptions, StageReport, StageRequest
+    from mlhpc.staging.stage import stage_dataset
+    from mlhpc.staging.verify import verify_staged
+
+_HOME = {
     "CallbackComm": "comm",
     "Communicator": "comm",
     "comm_for": "connect",
@@ -32,12 +43,42 @@ _WHERE = {
     "stage_dataset": "stage",
     "verify_staged": "verify",
 }
-__all__ = sorted(_WHERE)
+"""Each public name and the module of this package that defines it (the imports above, for readers
+and type checkers)."""
+
+__all__ = [
+    "LOCAL_DIR_VARIABLE",
+    "MANIFEST_NAME",
+    "MODES",
+    "STAGED_MARKER",
+    "CallbackComm",
+    "Communicator",
+    "CopyOptions",
+    "Manifest",
+    "Mode",
+    "StageReport",
+    "StageRequest",
+    "Topology",
+    "build_manifest",
+    "comm_for",
+    "hash_file",
+    "make_comm",
+    "resolve_local_dir",
+    "stage_dataset",
+    "verify_staged",
+]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
+def __getattr__(name: str) -> object:
+    home = _HOME.get(name)
+    if home is None:  # AttributeError lets `from mlhpc.staging import archive` find the submodule
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # the next use is a plain attribute
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

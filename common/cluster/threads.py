@@ -13,7 +13,8 @@ tests beside each other. With both cores of a 2-core machine busy, one CosmoFlow
   for mlhpc alone (`MLHPC_THREADS=torch` keeps torch's own default, for comparisons);
 - OpenMP threads spin briefly, then sleep (`GOMP_SPINCOUNT` for GNU OpenMP, which torch's wheels
   use; `KMP_BLOCKTIME` for Intel and LLVM OpenMP). The runtime reads these once, when torch is
-  first imported, so `wait_briefly()` runs from `mlhpc/__init__.py`; a value the user set wins.
+  first imported, so `wait_briefly()` (spin.py, kept light) runs from `mlhpc/__init__.py`; a
+  value the user set wins.
 
 Torch-free except `apply`, which imports torch when it is called.
 """
@@ -24,15 +25,13 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlhpc.common.cluster.spin import SHORT_SPIN as SHORT_SPIN
+from mlhpc.common.cluster.spin import wait_briefly as wait_briefly
 from mlhpc.common.printable import shown
-
-SHORT_SPIN = {"GOMP_SPINCOUNT": "3000", "KMP_BLOCKTIME": "0"}
-"""Spin ~3,000 iterations (microseconds) before sleeping: as fast as torch's default on an idle
-machine, and 20x faster than it when another process holds the cores (perf/threads.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,13 +59,6 @@ class ThreadChoice:
 
     def as_record(self) -> dict[str, object]:
         return {"intra_op": self.intra_op, "inter_op": self.inter_op, "source": self.source}
-
-
-def wait_briefly(environ: MutableMapping[str, str] | None = None) -> None:
-    """Have OpenMP threads sleep soon after a parallel region (before torch is imported)."""
-    environ = os.environ if environ is None else environ
-    for name, value in SHORT_SPIN.items():
-        environ.setdefault(name, value)
 
 
 def cgroup_cpu_quota(

@@ -17,8 +17,6 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlhpc.common.cluster.launch import host_label
-
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
@@ -44,6 +42,9 @@ def configure_console(*, debug: bool = False) -> None:
 def debug_log_path(folder: Path, rank: int) -> Path:
     """<folder>/logs/debug-<UTC time>-<host>-rank<rank>-<pid>.log: unique per process, so ranks,
     seeds and Slurm jobs sharing one --out never write one file."""
+    # Here, not at the top: every command configures the console, few write a debug log.
+    from mlhpc.common.cluster.launch import host_label
+
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return Path(folder) / "logs" / f"debug-{stamp}-{host_label()}-rank{rank}-{os.getpid()}.log"
 

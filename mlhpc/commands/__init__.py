@@ -6,7 +6,6 @@ error handling; nothing here imports it. This module holds what the commands sha
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 from typing import Any, NoReturn
 
@@ -97,6 +96,8 @@ class OneLineParser(argparse.ArgumentParser):
 
     def fix_for(self, message: str) -> str:
         """What to do about argparse's `message`, ending with where the whole story is."""
+        import difflib  # here, on a usage error only: `--help` and a good command line start without it
+
         more = f"see {self.prog} --help"
         if message.startswith("the following arguments are required"):
             example = self.first_example()

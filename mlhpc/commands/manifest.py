@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from mlhpc.commands import add_command, refuse_bad_counts
-from mlhpc.staging.request import DEFAULT_WORKERS
+from mlhpc.common.vocabulary import STAGING_WORKERS
 
 
 def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     )
     manifest.add_argument("src", type=Path, help="dataset directory (the manifest goes in it) or archive")
     manifest.add_argument(
-        "--workers", type=int, default=DEFAULT_WORKERS, help=f"files hashed at once ({DEFAULT_WORKERS})"
+        "--workers", type=int, default=STAGING_WORKERS, help=f"files hashed at once ({STAGING_WORKERS})"
     )
     manifest.set_defaults(handler=_manifest)
 

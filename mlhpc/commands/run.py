@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
-from mlhpc.campaign.containers import RUNTIMES
-from mlhpc.campaign.options import Backend, Device
 from mlhpc.commands import ALLOW_SIZE_HELP, add_command, size_argument
 from mlhpc.common.vocabulary import (
     DEFAULT_RULESET,
@@ -150,6 +148,8 @@ def _submission_options(group: argparse._ArgumentGroup) -> None:
 
 
 def _runtime_options(group: argparse._ArgumentGroup) -> None:
+    from mlhpc.campaign.options import Backend, Device  # here: other commands start without them
+
     group.add_argument("--backend", choices=get_args(Backend), default="auto")
     group.add_argument("--device", choices=get_args(Device), default="auto")
     group.add_argument(
@@ -193,6 +193,8 @@ def _dry_run_options(group: argparse._ArgumentGroup) -> None:
 
 
 def _slurm_options(group: argparse._ArgumentGroup) -> None:
+    from mlhpc.campaign.containers import RUNTIMES
+
     group.add_argument("--slurm", action="store_true", help="submit the seeds as sbatch jobs and return")
     group.add_argument(
         "--slurm-nodes", type=int, default=1, metavar="N", help="nodes per seed job (default 1)"

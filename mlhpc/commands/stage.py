@@ -13,12 +13,10 @@ from mlhpc.commands import add_command, refuse_bad_counts
 from mlhpc.commands.manifest import write_manifest
 from mlhpc.commands.verify import verify
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.vocabulary import IO_CHOICES
-from mlhpc.staging.plan import MODES
-from mlhpc.staging.request import DEFAULT_WORKERS
+from mlhpc.common.vocabulary import IO_CHOICES, STAGING_MODES, STAGING_WORKERS
 
 if TYPE_CHECKING:
-    from mlhpc.staging.request import StageReport
+    from mlhpc.staging import StageReport
 
 
 def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
@@ -36,13 +34,13 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     )
     stage.add_argument(
         "--mode",
-        choices=MODES,
+        choices=STAGING_MODES,
         default="replicate",
         help="replicate: every node gets all, the source is read once (default); shard: each node 1/N; "
         "copy: every node reads all",
     )
     stage.add_argument(
-        "--workers", type=int, default=DEFAULT_WORKERS, help=f"parallel copies per rank ({DEFAULT_WORKERS})"
+        "--workers", type=int, default=STAGING_WORKERS, help=f"parallel copies per rank ({STAGING_WORKERS})"
     )
     stage.add_argument("--processes", type=int, default=None, help="worker processes per rank (default auto)")
     stage.add_argument("--decompress", action="store_true", help="decompress .gz/.zst files while staging")
