@@ -1,6 +1,6 @@
 """A/B of `mlhpc stage` between two code versions on one machine, in one run.
 
-    python perf/stage_ab.py --base 9d67b16 [--files 10000] [--kib 64] [--rounds 8]
+    python perf/stage_ab.py --base 9d67b16 [--files 10000] [--kib 64] [--rounds 8] [--cold]
 
 Builds an importable copy of `--base` (a git worktree under the work folder) beside this
 checkout, writes a dataset of `--files` x `--kib` KiB files with its manifest, and stages it into
@@ -8,7 +8,8 @@ a new folder on the same disk with each version in turn (the order alternates by
 run a new process as a user's is. Every round starts with a throwaway run: on this VM the first
 run after a large folder is removed costs up to 1.8x the CPU of the next. Prints each run's wall
 and CPU time (the process and its worker processes) and the medians, with this checkout's ratio
-to the base.
+to the base. `--cold` drops the page cache before every run (root), so each version reads the
+source from the disk; without it the source is in the page cache (warm).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ def importable(checkout: Path, where: Path) -> Path:
     return where
 
 
-def stage_seconds(pythonpath: Path, src: Path, dest: Path) -> tuple[float, float]:
+def stage_seconds(pythonpath: Path, src: Path, dest: Path, cold: bool = False) -> tuple[float, float]:
     shutil.rmtree(dest, ignore_errors=True)
     subprocess.run(["sync"], check=False)
+    if cold:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
     time.sleep(1)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -66,6 +69,7 @@ def main() -> None:
     parser.add_argument("--kib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a new temp folder)")
+    parser.add_argument("--cold", action="store_true", help="drop the page cache before each run (root)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="mlhpc-stage-ab-"))
     base = work / "base-checkout"
@@ -86,7 +90,7 @@ def main() -> None:
         for r in range(args.rounds):
             stage_seconds(paths["this"], src, work / "dest-warm")
             for name in ("base", "this") if r % 2 == 0 else ("this", "base"):
-                wall, cpu = stage_seconds(paths[name], src, work / f"dest-{name}")
+                wall, cpu = stage_seconds(paths[name], src, work / f"dest-{name}", args.cold)
                 runs[name].append((wall, cpu))
                 print(f"round {r} {name:4}: wall {wall:.2f} s, cpu {cpu:.2f} s", flush=True)
         medians = {}

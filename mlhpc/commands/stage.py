@@ -42,14 +42,14 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     stage.add_argument(
         "--workers", type=int, default=STAGING_WORKERS, help=f"parallel copies per rank ({STAGING_WORKERS})"
     )
-    stage.add_argument("--processes", type=int, default=None, help="worker processes per rank (default auto)")
+    stage.add_argument("--processes", type=int, default=None, help="worker processes per rank (default: none, the copies run as threads here)")
     stage.add_argument("--decompress", action="store_true", help="decompress .gz/.zst files while staging")
     stage.add_argument(
         "--io",
         choices=IO_CHOICES,
         default="auto",
-        help="auto: page cache when the node's share fits in memory or the source is cached, else O_DIRECT; "
-        "kernel: the page cache, large files copied in the kernel (copy_file_range)",
+        help="the I/O path: auto and buffered are both the one page-cache path (O_DIRECT and the "
+        "kernel copy were removed: measured slower, see docs/STAGING.md)",
     )
     stage.add_argument("--no-direct-io", action="store_true", help="the same as --io buffered")
     stage.add_argument(

@@ -98,7 +98,7 @@ def test_a_400_digit_allow_size_is_one_line() -> None:
 
 
 NESTINGS = {
-    "list": lambda d: "[" * d + "]" * d,
+    "list": lambda d: "[" * d + "1" + "]" * d,  # a leaf inside, as the maps have: d levels deep
     "flow map": lambda d: "{a: " * d + "1" + "}" * d,
     "block map": lambda d: "".join(f"{'  ' * i}k{i}:\n" for i in range(d)) + "  " * d + "1\n",
 }
