@@ -35,13 +35,13 @@ IO_CHOICES: tuple[StagingIo, ...] = get_args(StagingIo)
 
 StagingMode = Literal["replicate", "shard", "copy"]
 """What each node ends with (`mlhpc stage --mode`): the whole dataset read once, its share, or a
-copy read by every node. Here for the command line, which builds its parser without importing
-staging; staging's own `MODES` must be the same (tests/staging/test_staging_command_start.py)."""
+copy read by every node (`staging/plan.py`). Here, below staging, so that the command line builds
+its parser without importing staging."""
 STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
 
 STAGING_WORKERS = 32
 """The default copy and hash threads per rank (`mlhpc stage --workers`, `mlhpc manifest
---workers`): `StageRequest.workers`'s default, held to it by the same test."""
+--workers`): `StageRequest.workers`'s default."""
 
 STAGING_BEFORE_RUN_START_SINCE: Ruleset = "3.0.0"
 """The first round that lets staging come before run_start (1.0.0 and 2.0.0 time it)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlhpc.staging.comm import CallbackComm, Communicator
     from mlhpc.staging.connect import comm_for, make_comm
-    from mlhpc.staging.destination import STAGED_MARKER
+    from mlhpc.staging.journal import STAGED_MARKER
     from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE, resolve_local_dir
     from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, hash_file
     from mlhpc.staging.plan import MODES, Mode, Topology
@@ -27,7 +27,7 @@ _HOME = {
     "Communicator": "comm",
     "comm_for": "connect",
     "make_comm": "connect",
-    "STAGED_MARKER": "destination",
+    "STAGED_MARKER": "journal",
     "LOCAL_DIR_VARIABLE": "localdir",
     "resolve_local_dir": "localdir",
     "MANIFEST_NAME": "manifest",

@@ -29,16 +29,12 @@ from mlhpc.common.safeio.locks import LOCK_NAME, FolderBusy, folder_lock
 from mlhpc.common.safeio.safe_read import read_bytes
 from mlhpc.common.safeio.safepath import inside, landing
 from mlhpc.staging.comm import Communicator, agree
-from mlhpc.staging.engine import PARTIAL_SUFFIX, Staged, staged_path, write_error
-from mlhpc.staging.execute import Work
-from mlhpc.staging.journal import JOURNAL_PREFIX, read_journals, remove_journals, write_sources
+from mlhpc.staging.engine import PARTIAL_SUFFIX, Staged, Work, staged_path, write_error
+from mlhpc.staging.journal import JOURNAL_PREFIX, STAGED_MARKER, read_journals, remove_journals, write_sources
 from mlhpc.staging.localdir import LOCAL_DIR_VARIABLE
 from mlhpc.staging.manifest import MANIFEST_NAME, Manifest, hash_file
 from mlhpc.staging.plan import Mode, node_files
 from mlhpc.staging.request import CopyOptions
-
-STAGED_MARKER = ".mlhpc_staged.json"
-
 
 STAGING_OWNED = ".mlhpc_staging"
 """Written into an empty DEST before anything is staged there: a later run finds the folder is

@@ -7,7 +7,7 @@ the source has one) and only then gets its name; `decompress` decodes `x.gz`/`x.
 way. The caller journals what it returns.
 
 One I/O path, through the page cache. Measured (perf/RESULTS.md, 2026-11-28): in a memory cgroup
-smaller than the dataset, cold source, O_DIRECT reads and writes took 1.5-2x as long as this
+smaller than the dataset, cold source, O_DIRECT reads and writes took 1.1-2x as long as this
 path, and dropping each copy's pages (`posix_fadvise(DONTNEED)`) 3-7 % longer than leaving them
 to the kernel's reclaim; the kernel copy (`copy_file_range` + a mapped hash) cost what
 read-hash-write costs. So neither is kept.
@@ -22,7 +22,7 @@ import os
 import threading
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlhpc.common.errors import StagingError
@@ -79,6 +79,23 @@ class Staged:
     @property
     def entry(self) -> FileEntry:
         return FileEntry(self.path, self.size, self.checksum)
+
+
+@dataclass
+class Work:
+    """What one rank did."""
+
+    staged: list[Staged] = field(default_factory=list)
+    """Files this rank wrote."""
+    skipped: int = 0
+    """Files this rank found staged and verified already."""
+    read_bytes: int = 0
+    """Bytes this rank read from the source."""
+    held: list[Staged] | None = None
+    """Everything the node holds, when this rank alone knows it (an archive's extractor)."""
+    records: dict[str, Staged] | None = None
+    """Every file of the node by source path, when this rank alone staged them (one rank a
+    node, copying): the node's manifest is made from these, not read back from the journals."""
 
 
 def forget_checked_dirs() -> None:

@@ -8,7 +8,6 @@ import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -17,7 +16,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.staging import archive as archives
 from mlhpc.staging.archive import Pipe
 from mlhpc.staging.comm import Communicator
-from mlhpc.staging.engine import Staged, make_folders, staged_path
+from mlhpc.staging.engine import Staged, Work, make_folders, staged_path
 from mlhpc.staging.exchange import (
     FileStreamReader,
     FileStreamsConsumer,
@@ -32,23 +31,6 @@ from mlhpc.staging.parallel import run_copies
 from mlhpc.staging.plan import plan_copies, plan_exchange, rank_files, uses_exchange
 from mlhpc.staging.request import CopyOptions
 from mlhpc.staging.source import Source, changed_while_copied, open_source, recorded_identity
-
-
-@dataclass
-class Work:
-    """What one rank did."""
-
-    staged: list[Staged] = field(default_factory=list)
-    """Files this rank wrote."""
-    skipped: int = 0
-    """Files this rank found staged and verified already."""
-    read_bytes: int = 0
-    """Bytes this rank read from the source."""
-    held: list[Staged] | None = None
-    """Everything the node holds, when this rank alone knows it (an archive's extractor)."""
-    records: dict[str, Staged] | None = None
-    """Every file of the node by source path, when this rank alone staged them (one rank a
-    node, copying): the node's manifest is made from these, not read back from the journals."""
 
 
 def stage_directory(

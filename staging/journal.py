@@ -24,6 +24,8 @@ from mlhpc.staging.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry,
 from mlhpc.staging.request import CopyOptions
 
 log = logging.getLogger(__name__)
+STAGED_MARKER = ".mlhpc_staged.json"
+"""Written last in DEST, when every file of the node verified: a folder without it is not staged."""
 JOURNAL_PREFIX = ".mlhpc_journal."
 SOURCES_NAME = ".mlhpc_sources.jsonl"
 """Every file a completed staging holds, with what it was made from (the journals' lines, one

@@ -10,12 +10,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
+from mlhpc.common.vocabulary import STAGING_MODES, StagingMode
 from mlhpc.staging.manifest import FileEntry, Manifest
 
-Mode = Literal["replicate", "shard", "copy"]
-MODES: tuple[Mode, ...] = ("replicate", "shard", "copy")
+Mode = StagingMode
+MODES = STAGING_MODES
 
 
 @dataclass(frozen=True)

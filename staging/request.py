@@ -7,10 +7,9 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 from mlhpc.common.errors import StagingError
-from mlhpc.common.vocabulary import IO_CHOICES
-from mlhpc.staging.plan import MODES, Mode
+from mlhpc.common.vocabulary import IO_CHOICES, STAGING_MODES, STAGING_WORKERS, StagingMode
 
-DEFAULT_WORKERS = 32
+DEFAULT_WORKERS = STAGING_WORKERS
 DEFAULT_CHUNK_BYTES = 16 << 20
 IDENTITY_PROMISE = (
     "without a manifest a file already staged is kept when its source's size, mtime, ctime and "
@@ -27,7 +26,7 @@ class StageRequest:
     dest: Path
     """The node-local folder that ends up holding it (a `str` is made a Path)."""
     _: KW_ONLY
-    mode: Mode = "replicate"
+    mode: StagingMode = "replicate"
     """What each node ends with (`plan.MODES`): the whole dataset read once, its share, or a copy."""
     workers: int = DEFAULT_WORKERS
     """Threads copying and hashing on each rank."""
@@ -52,8 +51,8 @@ class StageRequest:
         _refuse_count("chunk_bytes", self.chunk_bytes, 1, "pass 1 or more bytes (the default is 16 MiB)")
         if self.processes is not None:
             _refuse_count("processes", self.processes, 0, "pass 0 or None to choose automatically")
-        if self.mode not in MODES:
-            raise StagingError(f"mode={self.mode!r} is unknown; use one of {', '.join(MODES)}")
+        if self.mode not in STAGING_MODES:
+            raise StagingError(f"mode={self.mode!r} is unknown; use one of {', '.join(STAGING_MODES)}")
         decide_io(self.io, 0, 0.0)  # refuses an unknown or removed one
 
 
@@ -105,7 +104,7 @@ class CopyOptions:
     and carried unchanged to every writer: the engine, the worker processes (as JSON), the
     exchange and the extractor."""
 
-    mode: Mode = "copy"
+    mode: StagingMode = "copy"
     algorithm: str = "xxh3_128"
     decompress: bool = False
     """Decompress `.gz`/`.zst` files; the staged file drops the suffix."""

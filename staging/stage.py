@@ -32,8 +32,8 @@ from mlhpc.common.safeio.fileio import current_umask
 from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.destination import agree_destination, finish_node, lock_destination, refuse_overlap
-from mlhpc.staging.engine import Staged, forget_checked_dirs
-from mlhpc.staging.execute import Work, stage_archive, stage_directory
+from mlhpc.staging.engine import Staged, Work, forget_checked_dirs
+from mlhpc.staging.execute import stage_archive, stage_directory
 from mlhpc.staging.journal import close_journal, read_journals
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, scan_dataset
 from mlhpc.staging.plan import node_files

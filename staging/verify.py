@@ -11,9 +11,8 @@ from pathlib import Path
 from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio import safe_json
 from mlhpc.staging import archive as archives
-from mlhpc.staging.destination import STAGED_MARKER
 from mlhpc.staging.engine import Staged
-from mlhpc.staging.journal import read_sources
+from mlhpc.staging.journal import STAGED_MARKER, read_sources
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file, list_dataset_files
 from mlhpc.staging.source import current_identity
 
