@@ -7,9 +7,9 @@ lock throughout, so a second `mlhpc stage` into the same DEST is refused at once
 
 The rooms: `request` (what is asked, the copy options decided once, what was done), `source`
 (the seam every read of SRC goes through), `manifest` (its listing), `destination` (DEST's lock,
-ownership and room), `execute` (the copies, the exchange or the extraction), `engine` (one
-file: read, hash, partial file, verify, rename), `destination` also ends it (the node's manifest, stale copies,
-the marker), `verify` (`mlhpc verify`). What SRC holds is read here first, by rank 0 once.
+ownership and room, and the end: the node's manifest, stale copies, the marker), `execute` (the
+copies, the exchange or the extraction), `engine` (one file: read, hash, partial file, verify,
+rename), `verify` (`mlhpc verify`). What SRC holds is read here first, by rank 0 once.
 
 Permissions: a staged file keeps its source's permission bits (less setuid, setgid, sticky),
 a staged folder its source folder's (plus the owner's rwx, which a rerun needs), so a private
