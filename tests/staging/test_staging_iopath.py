@@ -146,3 +146,21 @@ def test_the_cli_takes_io_and_durable_and_refuses_an_unknown_io(tmp_path: Path) 
     for io in ("fast", "direct"):
         bad = subprocess.run([*command, "--io", io], capture_output=True, text=True, env=cli_env())
         assert bad.returncode == 2 and f"invalid choice: '{io}'" in bad.stderr
+
+
+def test_the_source_seam_reads_a_file_whole_and_holds_it_to_its_entry(tmp_path: Path) -> None:
+    data = os.urandom(5000)
+    (tmp_path / "a.bin").write_bytes(data)
+    seam = Source(tmp_path)
+    good = FileEntry("a.bin", len(data), xxhash.xxh3_128(data).hexdigest())
+    assert seam.read(good, "xxh3_128") == data
+    assert seam.read(FileEntry("a.bin", len(data), ""), "xxh3_128") == data  # a listing: size only
+    with pytest.raises(StagingError, match=r"a\.bin fails its xxh3_128 check against the manifest"):
+        seam.read(FileEntry("a.bin", len(data), xxhash.xxh3_128(b"other").hexdigest()), "xxh3_128")
+    with pytest.raises(StagingError, match=r"a\.bin has 5000 bytes, its listing says 4999"):
+        seam.read(FileEntry("a.bin", 4999, ""), "xxh3_128")
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(StagingError, match=r"pipe is a FIFO, not a regular file"):
+        seam.read(FileEntry("pipe", 1, ""), "xxh3_128")  # refused, never waited on
+    with pytest.raises(StagingError, match=r"missing\.bin is missing"):
+        seam.read(FileEntry("missing.bin", 1, ""), "xxh3_128")
