@@ -34,7 +34,7 @@ from mlhpc.common.errors import StagingError
 from mlhpc.common.safeio.safepath import link_target, relative_path
 from mlhpc.staging.engine import PARTIAL_SUFFIX, SLICE_BYTES
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest
-from mlhpc.staging.source import open_source
+from mlhpc.staging.source import new_hasher, open_source
 
 ARCHIVE_KINDS = {".tar": "tar", ".tar.gz": "gz", ".tgz": "gz", ".tar.zst": "zst", ".tzst": "zst"}
 
@@ -118,8 +118,6 @@ def member_node(path: str, num_nodes: int) -> int:
 
 def build_archive_manifest(path: Path, algorithm: str = "xxh3_128") -> Manifest:
     """Hash every regular member of an archive (for `mlhpc manifest ARCHIVE`)."""
-    from mlhpc.staging.manifest import new_hasher
-
     kind = archive_kind(path)
     if kind is None:
         raise StagingError(f"{path} is not a .tar, .tar.gz or .tar.zst archive")

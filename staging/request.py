@@ -53,7 +53,7 @@ class StageRequest:
             _refuse_count("processes", self.processes, 0, "pass 0 or None to choose automatically")
         if self.mode not in STAGING_MODES:
             raise StagingError(f"mode={self.mode!r} is unknown; use one of {', '.join(STAGING_MODES)}")
-        decide_io(self.io, 0, 0.0)  # refuses an unknown or removed one
+        refuse_unknown_io(self.io)
 
 
 def _refuse_count(field: str, value: object, least: int, fix: str) -> None:
@@ -87,13 +87,17 @@ class IoPlan:
         return {"staging_io": self.label, "staging_io_reason": self.reason}
 
 
-def decide_io(io: str, share_bytes: int, cached: float) -> IoPlan:
-    """The path for `io` ("auto" or "buffered": the same one), with the facts in its reason."""
+def refuse_unknown_io(io: str) -> None:
     if io not in IO_CHOICES:
         raise StagingError(
             f"io={io!r} is unknown; use one of {', '.join(IO_CHOICES)} (direct and kernel were "
             "removed: measured slower than the page-cache path)"
         )
+
+
+def decide_io(io: str, share_bytes: int, cached: float) -> IoPlan:
+    """The path for `io` ("auto" or "buffered": the same one), with the facts in its reason."""
+    refuse_unknown_io(io)
     facts = f"share {share_bytes >> 20} MiB, source {cached:.0%} cached"
     return IoPlan(f"{io}: through the page cache ({facts})", cached)
 
