@@ -24,8 +24,9 @@ LATEST_RULESET: Ruleset = RULESETS[-1]
 DEFAULT_RULESET: Ruleset = LATEST_RULESET
 """What a campaign is run and checked under when nothing names a ruleset: the newest round."""
 
-Staging = Literal["inside", "before"]
-"""Where staging goes: inside run_start..run_stop (timed) or before run_start."""
+Staging = Literal["inside", "before", "overlap"]
+"""Where staging goes: inside run_start..run_stop (timed) before training, before run_start, or
+inside the run while training reads the dataset through the copy being made."""
 STAGINGS: tuple[Staging, ...] = get_args(Staging)
 DEFAULT_STAGING: Staging = "inside"
 

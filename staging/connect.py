@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from mlhpc.common.cluster.launch import LaunchInfo, detect_launch
+from mlhpc.common.errors import StagingError
 from mlhpc.staging.comm import CallbackComm, Communicator, MpiComm, mpi_available
 
 if TYPE_CHECKING:
@@ -30,19 +31,26 @@ def make_comm(
     return TorchComm.launch(launch, each_rank_a_node=each_rank_a_node)
 
 
-def comm_for(ctx: DistContext) -> Communicator:
+def comm_for(ctx: DistContext, *, beside_training: bool = False) -> Communicator:
     """Staging's collectives for a run, on the node layout `ctx` gathered at init: MPI when
     mpirun started the job and mpi4py is there, else the torch.distributed group; under Horovod,
-    or for one instance of a weak-scaling job, only barriers (every node copies)."""
+    or for one instance of a weak-scaling job, only barriers (every node copies).
+    `beside_training` (--staging overlap): collectives of its own, which a staging thread can use
+    while training uses the run's; refused where the run's barrier is all there is."""
     if not ctx.distributed:
         return CallbackComm()
     layout = ctx.node_layout
     if ctx.launcher == "mpi" and ctx.group is None and mpi_available():
         return MpiComm(layout)
     if ctx.backend == "horovod" or ctx.group is not None:
+        if beside_training:
+            raise StagingError(
+                "--staging overlap needs collectives of its own beside training's, which Horovod and "
+                "--instances do not give it; use --staging inside"
+            )
         return CallbackComm(
             layout.local_rank, layout.local_size, ctx.barrier, node=layout.node, num_nodes=layout.num_nodes
         )
     from mlhpc.staging.torch_comm import TorchComm
 
-    return TorchComm(layout)
+    return TorchComm(layout, own_groups=beside_training)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import hashlib
+import json
 import mmap
 import os
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,7 +224,11 @@ class Partial:
 
 
 def copy_file(
-    src_root: str, dest_root: str, entry: FileEntry, options: CopyOptions, check: Callable[[], None] | None = None
+    src_root: str,
+    dest_root: str,
+    entry: FileEntry,
+    options: CopyOptions,
+    check: Callable[[], None] | None = None,
 ) -> Staged:
     """Copy one source file, verified against `entry` before it is renamed; not journaled.
 
@@ -264,6 +271,82 @@ def copy_file(
             return partial.finish()
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------- one file, once per node
+# While training reads the dataset (--staging overlap), a rank that needs a file not yet staged
+# copies it itself; the staging copies and these take the file's claim first, so that a node
+# reads each file from the source once. A claim is an flock on a file of its own in the claims
+# folder (beside DEST, never in it): the kernel drops it when its holder dies, and the holder
+# that copied writes the copy's record into it for the next one to find.
+def claim_path(claims_dir: str, rel: str) -> str:
+    """The claim file of `rel`: a hash of the name, so no name from a manifest makes a path."""
+    return os.path.join(claims_dir, hashlib.blake2b(rel.encode(), digest_size=16).hexdigest())
+
+
+@contextlib.contextmanager
+def claimed(claims_dir: str, rel: str) -> Iterator[int]:
+    """Hold this node's claim on `rel` (waiting for its holder); yields the claim file's descriptor."""
+    path = claim_path(claims_dir, rel)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise write_error(e, path) from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def claim_record(fd: int) -> tuple[Staged, str] | None:
+    """The copy recorded in a held claim, and who made it; None when nobody finished one."""
+    try:
+        raw = os.pread(fd, 1 << 16, 0)
+        fields, by = json.loads(raw)
+        return Staged(*fields), str(by)
+    except (OSError, ValueError, TypeError):
+        return None  # empty (nobody finished), or torn by a holder that died while writing
+
+
+def record_claim(fd: int, staged: Staged, by: str) -> None:
+    """Write the copy's record into the held claim (`by`: "staging" or "demand")."""
+    fields = [staged.path, staged.size, staged.checksum, staged.source, staged.source_checksum, staged.origin]
+    data = json.dumps([fields, by]).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def copy_once(
+    src_root: str,
+    dest_root: str,
+    entry: FileEntry,
+    options: CopyOptions,
+    by: str,
+    check: Callable[[], None] | None = None,
+) -> tuple[Staged, bool]:
+    """`copy_file` under the file's claim (`options.claims`): (the copy, whether this call made
+    it). A copy another holder recorded and whose file is in place is returned as it is."""
+    with claimed(options.claims, entry.path) as fd:
+        found = claim_record(fd)
+        if found is not None and os.path.isfile(os.path.join(dest_root, found[0].path)):
+            return found[0], False
+        staged = copy_file(src_root, dest_root, entry, options, check)
+        record_claim(fd, staged, by)
+        return staged, True
+
+
+def demand_copies(claims_dir: str) -> int:
+    """The files of a node copied on demand (read by training before staging reached them)."""
+    count = 0
+    with contextlib.suppress(FileNotFoundError), os.scandir(claims_dir) as listing:
+        for item in listing:
+            with (
+                contextlib.suppress(OSError, ValueError, TypeError, IndexError),
+                open(item.path, "rb") as handle,
+            ):
+                count += json.loads(handle.read(1 << 16))[1] == "demand"
+    return count
 
 
 def _buffer() -> memoryview:

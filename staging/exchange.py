@@ -227,7 +227,9 @@ class FileStreamReader:
     """This node's stream: its files, read in order, chunk after chunk (a file this node holds
     already is read from its verified copy, not from the source)."""
 
-    def __init__(self, items: Sequence[StreamItem], src_root: str, dest_root: str, options: CopyOptions) -> None:
+    def __init__(
+        self, items: Sequence[StreamItem], src_root: str, dest_root: str, options: CopyOptions
+    ) -> None:
         self.items = list(items)
         self.source, self.held = Source(src_root), Source(dest_root)
         self.options = options
@@ -237,7 +239,7 @@ class FileStreamReader:
         self._fd = -1
         self._left = 0
         self._path = ""
-        self._current = StreamItem(FileEntry("", 0, ""))
+        self._from_dest = False
 
     def fill(self, round_index: int, view: memoryview) -> int:
         filled = 0
@@ -246,10 +248,12 @@ class FileStreamReader:
                 break
             n = os.readv(self._fd, [view[filled : filled + min(self._left, len(view) - filled)]])
             if n == 0:
-                raise StagingError(f"staging source file {self._path} is shorter than its listing; stage again")
+                raise StagingError(
+                    f"staging source file {self._path} is shorter than its listing; stage again"
+                )
             filled += n
             self._left -= n
-            if not self._current.from_dest:
+            if not self._from_dest:
                 self.read_bytes += n
             if self._left == 0:
                 os.close(self._fd)
@@ -267,8 +271,10 @@ class FileStreamReader:
             self._index += 1
             if item.entry.size == 0:
                 continue
-            where = self.held if item.from_dest else self.source
-            rel = staged_path(item.entry.path, self.options) if item.from_dest else item.entry.path
+            # a file training copied on demand (--staging overlap) is read back, not from the source again
+            held = item.from_dest or bool(self.options.claims and self._copied(item.entry.path))
+            where = self.held if held else self.source
+            rel = staged_path(item.entry.path, self.options) if held else item.entry.path
             self._path = where.path(rel)
             self._fd = where.open(rel)
             size = os.fstat(self._fd).st_size
@@ -277,10 +283,13 @@ class FileStreamReader:
                     f"staging source file {self._path} has {size} bytes, its listing says "
                     f"{item.entry.size}; the source changed: stage again"
                 )
-            self._current = item
+            self._from_dest = held
             self._left = size
             return True
         return False
+
+    def _copied(self, rel: str) -> bool:
+        return os.path.isfile(self.held.path(rel))
 
 
 class StreamSinks:
@@ -351,7 +360,9 @@ class StreamSinks:
 
     def check_complete(self) -> None:
         if self._index < len(self.items):
-            raise StagingError(f"staging exchange ended before {self.items[self._index].entry.path} was complete")
+            raise StagingError(
+                f"staging exchange ended before {self.items[self._index].entry.path} was complete"
+            )
 
     def abort(self) -> None:
         if self._partial is not None:

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 
 from mlhpc.common.errors import StagingError
-from mlhpc.staging.engine import Staged, copy_file, request_stop, stop_if_asked, withdraw_stop
+from mlhpc.staging.engine import Staged, copy_file, copy_once, request_stop, stop_if_asked, withdraw_stop
 from mlhpc.staging.journal import close_journal, journal
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.request import CopyOptions
@@ -68,7 +68,10 @@ def copy_chunk(src_root: str, dest_root: str, options: CopyOptions, entries: Seq
     try:
         for entry in entries:
             stop_if_asked(dest_root)
-            done.append(copy_file(src_root, dest_root, entry, options))
+            if options.claims:  # training may have copied it already (--staging overlap)
+                done.append(copy_once(src_root, dest_root, entry, options, "staging")[0])
+            else:
+                done.append(copy_file(src_root, dest_root, entry, options))
     finally:  # what was renamed into place is journaled, also when a later file fails
         journal(dest_root, options.run_token).record_many(done)
     return done

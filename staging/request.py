@@ -43,6 +43,9 @@ class StageRequest:
     (O_DIRECT and the kernel copy were removed on measurement, perf/RESULTS.md)."""
     durable: bool = False
     """Put the copy on disk (syncfs) before the completion marker is written."""
+    claims: Path | None = None
+    """While training reads the dataset (--staging overlap, `overlap.py`): the node-local folder,
+    outside DEST, of the claims every copy takes (`CopyOptions.claims`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "src", Path(self.src))  # frozen: the one place a field is normalised
@@ -125,6 +128,9 @@ class CopyOptions:
     """Worker processes copying (1: the copies run in this one)."""
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     progress: bool = False
+    claims: str = ""
+    """The claims folder while training reads the dataset (--staging overlap): each copy takes
+    its file's claim first (`engine.copy_once`); "" when nobody else copies."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,13 @@ from mlhpc.staging.source import Source, weak_evidence
 log = logging.getLogger(__name__)
 
 
-def stage_dataset(request: StageRequest, comm: Communicator | None = None) -> StageReport:
+def stage_dataset(
+    request: StageRequest,
+    comm: Communicator | None = None,
+    *,
+    described: tuple[Manifest, bool] | None = None,
+    planned: Callable[[CopyOptions], None] | None = None,
+) -> StageReport:
     """Stage the dataset at `request.src` (a directory or a tar/tar.gz/tar.zst archive) into
     `request.dest`.
 
@@ -51,6 +58,8 @@ def stage_dataset(request: StageRequest, comm: Communicator | None = None) -> St
     work, synchronised by its barrier). With a collective `Communicator`, `request.mode` says what
     each node ends with (see `plan`). A rerun skips what is staged and verified already.
     The copy options are decided once (`_plan_job`) and reach every writer unchanged.
+    `described`: the source's manifest, read already (`describe_source`); `planned` is called
+    with the copy options once DEST is locked and agreed, before any copy (`overlap.py`).
     """
     comm = comm or CallbackComm()
     src, dest = request.src, request.dest
@@ -59,7 +68,9 @@ def stage_dataset(request: StageRequest, comm: Communicator | None = None) -> St
     forget_checked_dirs()
     with ExitStack() as locked:  # DEST's lock, held until the marker is written
         lock_destination(comm, src, dest, locked)
-        job = _plan_job(request, comm)
+        job = _plan_job(request, comm, described)
+        if planned is not None:
+            planned(job.options)
         work, evidence, error = _copy(comm, request, job)
         totals = agree(comm, error, work.read_bytes)
         held = finish_node(
@@ -91,7 +102,7 @@ class _Job:
     options: CopyOptions
 
 
-def _plan_job(request: StageRequest, comm: Communicator) -> _Job:
+def _plan_job(request: StageRequest, comm: Communicator, described: tuple[Manifest, bool] | None) -> _Job:
     """The mode the nodes can have, the source's manifest, DEST agreed on by every rank (its
     room checked), and the I/O path for this node's share."""
     src, dest, mode, topo = request.src, request.dest, request.mode, comm.topology
@@ -100,7 +111,7 @@ def _plan_job(request: StageRequest, comm: Communicator) -> _Job:
             "replicate over %d nodes needs a Communicator; every node copies the source", topo.num_nodes
         )
         mode = "copy"
-    manifest, trusted = describe_source(comm, src)
+    manifest, trusted = described or describe_source(comm, src)
     kind = archives.archive_kind(src) if src.is_file() else None
     mine = node_files(manifest, mode, topo) if kind is None else []
     needed = needed_bytes(src, kind, manifest, mine)
@@ -122,6 +133,7 @@ def _plan_job(request: StageRequest, comm: Communicator) -> _Job:
         processes=processes,
         chunk_bytes=request.chunk_bytes,
         progress=request.progress and comm.rank == 0,
+        claims=str(request.claims or ""),
     )
     return _Job(manifest=manifest, trusted=trusted, kind=kind, fresh=fresh, io=io, options=options)
 

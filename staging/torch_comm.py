@@ -25,10 +25,15 @@ class TorchComm:
 
     collective = True
 
-    def __init__(self, layout: NodeLayout | None = None, *, owns_group: bool = False) -> None:
+    def __init__(
+        self, layout: NodeLayout | None = None, *, owns_group: bool = False, own_groups: bool = False
+    ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("TorchComm needs an initialised torch.distributed default group")
         self._owns_group = owns_group
+        # A staging that runs beside training (--staging overlap) has gloo groups of its own: two
+        # threads' collectives on one group would pair up wrongly across the ranks.
+        self._world: Any = dist.new_group(backend="gloo") if own_groups else None
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
         layout = layout or gather_node_layout(self.rank)
@@ -37,12 +42,15 @@ class TorchComm:
         self._peers: list[int] = []
         self._group: Any = None
         for ranks in peers:  # every rank creates every group, in the same order
-            group = None if len(ranks) == self.size else dist.new_group(ranks)
+            if len(ranks) == self.size:
+                group = self._world
+            else:
+                group = dist.new_group(ranks, backend="gloo" if own_groups else None)
             if self.rank in ranks:
                 self._peers, self._group = ranks, group
         self._device = (
             torch.device("cuda", torch.cuda.current_device())
-            if dist.get_backend() == "nccl"
+            if dist.get_backend() == "nccl" and not own_groups
             else torch.device("cpu")
         )
 
@@ -56,16 +64,16 @@ class TorchComm:
         return cls(layout, owns_group=owns)
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self._world)
 
     def allgather(self, payload: bytes) -> list[bytes]:
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, payload)
+        dist.all_gather_object(out, payload, group=self._world)
         return out
 
     def broadcast(self, payload: bytes | None, root: int = 0) -> bytes:
         box = [payload]
-        dist.broadcast_object_list(box, src=root)
+        dist.broadcast_object_list(box, src=root, group=self._world)
         return box[0]
 
     def peer_allgather(self, chunk: memoryview, out: memoryview) -> None:

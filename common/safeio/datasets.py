@@ -3,11 +3,13 @@ torch here)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from mlhpc.common.errors import DataError
 from mlhpc.common.printable import shown
@@ -88,9 +90,56 @@ def _mode_or_none(path: Path | str) -> int | None:
         return None
 
 
+# ---------------------------------------------------------------- a copy still being made
+class ReadThrough(Protocol):
+    """A node-local copy of a dataset that staging is still making (`--staging overlap`): the
+    loaders list the source, and each of its files is read from the copy, which the read makes
+    first when staging has not reached it yet (`mlhpc.staging.overlap`)."""
+
+    def local_path(self, path: str) -> str | None:
+        """Where the source file `path` is read from, copied now if need be; None for a path
+        that is not one of the dataset's files."""
+        ...
+
+
+_READ_THROUGH: list[ReadThrough] = []
+"""The copies being made in this process (inherited by a forked DataLoader worker)."""
+
+
+@contextlib.contextmanager
+def reading_through(copy: ReadThrough) -> Iterator[None]:
+    """Read the dataset's files through `copy` (`open_sample`, `open_h5`) in this block."""
+    _READ_THROUGH.append(copy)
+    try:
+        yield
+    finally:
+        _READ_THROUGH.remove(copy)
+
+
+@dataclass(frozen=True)
+class RestoreReadThrough:
+    """A DataLoader `worker_init_fn` that brings this process's copies into a worker started
+    without them (the spawn and forkserver start methods; a forked worker has them already)."""
+
+    copies: tuple[ReadThrough, ...] = field(default_factory=lambda: tuple(_READ_THROUGH))
+
+    def __call__(self, worker_id: int) -> None:
+        _READ_THROUGH.extend(c for c in self.copies if c not in _READ_THROUGH)
+
+
+def _read_from(path: Path | str) -> Path | str:
+    for copy in _READ_THROUGH:
+        local = copy.local_path(os.fspath(path))
+        if local is not None:
+            return local
+    return path
+
+
 def open_sample(path: Path | str) -> BinaryIO:
     """`open(path, "rb")` of a regular file only, never waiting on a FIFO that appeared since the
-    listing: opened non-blocking and judged on the descriptor. FileNotFoundError passes on."""
+    listing: opened non-blocking and judged on the descriptor. FileNotFoundError passes on.
+    A file of a dataset being staged is read from its node-local copy (`reading_through`)."""
+    path = _read_from(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:  # a socket cannot be opened at all (ENXIO): say what it is

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import DataError, MlhpcError
+from mlhpc.common.safeio.datasets import RestoreReadThrough
 from mlhpc.common.training.loop_config import LoopConfig
 
 
@@ -19,6 +20,11 @@ class OneLineLoader(DataLoader):
     """A DataLoader whose workers' mlhpc errors stay one line naming the file: torch re-raises an
     error from a worker as "Caught DataError in DataLoader worker process 0." followed by the
     worker's traceback, and the command line shows only that first line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("num_workers", 0) > 0 and kwargs.get("worker_init_fn") is None:
+            kwargs["worker_init_fn"] = RestoreReadThrough()  # a dataset being staged (--staging overlap)
+        super().__init__(*args, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
         batches = super().__iter__()

@@ -15,7 +15,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -28,15 +27,18 @@ from mlhpc.common.training.batches import MEMORY_FORMATS
 from mlhpc.common.training.epoch import Aborted, Training, global_flops
 from mlhpc.common.training.loop_config import LoopConfig
 from mlhpc.common.training.mllogger import MLLog, constants
-from mlhpc.common.training.progress import SILENT, Progress, staging_line
+from mlhpc.common.training.progress import SILENT, Progress
 from mlhpc.common.training.seeding import seed_everything
+from mlhpc.common.training.staged import StagedData, Staging, StartStaging, stage_now, staged_data
 from mlhpc.common.training.timing import Breakdown, PhaseTimer
-from mlhpc.common.vocabulary import Division, Status
+from mlhpc.common.vocabulary import DEFAULT_STAGING, Division, Status
+from mlhpc.common.vocabulary import Staging as Where
 
 __all__ = [
     "LoopConfig",
     "RunResult",
     "StagedData",
+    "StartStaging",
     "SubmissionInfo",
     "init_events",
     "resolve_memory_format",
@@ -53,14 +55,6 @@ class SubmissionInfo:
     division: Division = "closed"
     status: Status = "onprem"
     system: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class StagedData:
-    """Where staging put the dataset, and what it reports into staging_stop's metadata."""
-
-    path: Path
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -91,12 +85,14 @@ def train_to_target(
     seed: int,
     submission: SubmissionInfo,
     stage: Callable[[], StagedData],
-    staging_inside_run: bool = True,
+    staging: Where = DEFAULT_STAGING,
+    start_staging: StartStaging | None = None,
     clear_cache: bool = False,
     progress: Progress = SILENT,
 ) -> RunResult:
     """Train `bench` from scratch until its target, logging every MLLOG event the rules require
-    (and a line per epoch to `progress`, for a person watching)."""
+    (and a line per epoch to `progress`, for a person watching). `staging`: before run_start,
+    inside the run before training, or overlapping training (`start_staging` starts it)."""
     loop: LoopConfig = cfg.loop
     timer = PhaseTimer(
         sync=torch.cuda.synchronize if ctx.device.type == "cuda" and loop.sync_timing else None
@@ -106,25 +102,27 @@ def train_to_target(
     log.event(constants.CACHE_CLEAR, value=_clear_page_cache(ctx) if clear_cache else False)
     init_started = time.perf_counter()
     model = _init(bench, cfg, ctx, log, timer, seed=seed, submission=submission, memory_format=memory_format)
-    staged = None if staging_inside_run else _stage(stage, log, timer, progress)
+    staged_before = stage_now(stage, log, timer, progress) if staging == "before" else None
     with timer.phase("communication"):
         ctx.barrier()
 
     run_started = time.perf_counter()
     # A worker the OOM killer took is one error (the CLI's resume line), not torch's RuntimeError.
     with worker_death_is_one_error(), run_events.run(log) as run_stop:
-        staged = staged or _stage(stage, log, timer, progress)
-        # the first seed's optimizer imports torch._dynamo: 2 s idle, 10 s busy, said when slow
-        with progress.say_if_slow("setting up the optimizer and the data loaders"):
-            training = _setup(
-                bench, cfg, ctx, log, timer, model, staged, seed=seed, memory_format=memory_format
-            )
-        epochs = _train_epochs(training, log, progress, run_started)
+        with staged_data(
+            staging, stage, start_staging, staged_before, log=log, timer=timer, progress=progress, ctx=ctx
+        ) as data:
+            # the first seed's optimizer imports torch._dynamo: 2 s idle, 10 s busy, said when slow
+            with progress.say_if_slow("setting up the optimizer and the data loaders"):
+                training = _setup(
+                    bench, cfg, ctx, log, timer, model, data, seed=seed, memory_format=memory_format
+                )
+            epochs = _train_epochs(training, log, progress, run_started, data)
         result, samples_seen = _finish(training, cfg, log, epochs, run_started)
         run_stop.update({constants.STATUS: result.status, constants.EPOCH_NUM: epochs.number})
     result.run_seconds = time.perf_counter() - run_started
     result.breakdown = _breakdown(
-        training, result, init_s=run_started - init_started, samples_seen=samples_seen
+        training, result, init_s=run_started - init_started, samples_seen=samples_seen, staging=data
     )
     return result
 
@@ -152,15 +150,6 @@ def _init(
         return ctx.wrap_model(raw_model)
 
 
-def _stage(stage: Callable[[], StagedData], log: MLLog, timer: PhaseTimer, progress: Progress) -> StagedData:
-    """staging_start .. staging_stop around the caller's `stage`, its metadata on staging_stop."""
-    with run_events.staging(log) as stop_metadata, timer.phase("staging"):
-        staged = stage()
-        stop_metadata.update(staged.metadata)
-    progress.say(staging_line(staged.metadata))
-    return staged
-
-
 def _setup(
     bench: Benchmark,
     cfg: Any,
@@ -168,7 +157,7 @@ def _setup(
     log: MLLog,
     timer: PhaseTimer,
     model: torch.nn.Module,
-    staged: StagedData,
+    data: Staging,
     *,
     seed: int,
     memory_format: str,
@@ -177,11 +166,12 @@ def _setup(
     and its schedule."""
     loop: LoopConfig = cfg.loop
     with timer.phase("setup"):
-        data = bench.build_data(cfg, staged.path, ctx, seed)
-        log.event(constants.TRAIN_SAMPLES, data.train_samples)
-        log.event(constants.EVAL_SAMPLES, data.eval_samples)
+        loaders = bench.build_data(cfg, data.data_path, ctx, seed)
+        data.refuse_own_readers(loaders.loader)
+        log.event(constants.TRAIN_SAMPLES, loaders.train_samples)
+        log.event(constants.EVAL_SAMPLES, loaders.eval_samples)
         # The schedules count optimizer steps, not micro-batches.
-        steps_per_epoch = _len(data.train) // loop.gradient_accumulation_steps
+        steps_per_epoch = _len(loaders.train) // loop.gradient_accumulation_steps
         optimizer, scheduler = bench.build_optimizer(cfg, model, ctx, steps_per_epoch)
         optimizer = ctx.wrap_optimizer(optimizer, model, loop.gradient_accumulation_steps)
     return Training(
@@ -189,7 +179,7 @@ def _setup(
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
-        data=data,
+        data=loaders,
         ctx=ctx,
         loop=loop,
         timer=timer,
@@ -207,9 +197,12 @@ class _Epochs:
     error: str | None = None
 
 
-def _train_epochs(training: Training, log: MLLog, progress: Progress, run_started: float) -> _Epochs:
+def _train_epochs(
+    training: Training, log: MLLog, progress: Progress, run_started: float, staging: Staging
+) -> _Epochs:
     """{train an epoch, evaluate, target reached?} until the target (mode target) or for every
-    epoch (mode fixed_epochs); an abort ends them with its reason in the result."""
+    epoch (mode fixed_epochs); an abort ends them with its reason in the result. A staging that
+    overlaps training and failed stops it at the end of an epoch (`Staging.check`)."""
     bench, loop, data, timer = training.bench, training.loop, training.data, training.timer
     epochs = _Epochs()
     try:
@@ -224,6 +217,7 @@ def _train_epochs(training: Training, log: MLLog, progress: Progress, run_starte
                 with run_events.evaluation(log, epoch), timer.phase("evaluation"):
                     metric = training.evaluate()
             log.event(bench.target.metric, metric, {constants.EPOCH_NUM: epoch})
+            staging.check(training.ctx)
             epochs.metrics.append(metric)
             elapsed = time.perf_counter() - run_started
             progress.epoch(epoch, loop.max_epochs, bench.target, loop.target, metric, samples_per_s, elapsed)
@@ -267,7 +261,9 @@ def _finish(
     return result, samples_seen
 
 
-def _breakdown(training: Training, result: RunResult, *, init_s: float, samples_seen: int) -> Breakdown:
+def _breakdown(
+    training: Training, result: RunResult, *, init_s: float, samples_seen: int, staging: Staging
+) -> Breakdown:
     """Where the run's time went, and the settings that decide it."""
     loop = training.loop
     return Breakdown(
@@ -277,6 +273,7 @@ def _breakdown(training: Training, result: RunResult, *, init_s: float, samples_
         flops_per_sample=result.flops_per_sample,
         achieved_flops_per_s=result.achieved_flops_per_s,
         train_samples_seen=samples_seen,
+        overlapped_staging=dict(staging.overlap),
         settings={
             "device": training.ctx.device.type,
             "precision": loop.precision,

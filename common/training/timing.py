@@ -80,6 +80,9 @@ class Breakdown:
     """Training FLOPs of all ranks over their forward + backward seconds, summed over ranks."""
     train_samples_seen: int
     """Training samples processed over all ranks and epochs."""
+    overlapped_staging: dict[str, float | int] = field(default_factory=dict)
+    """--staging overlap: the staging's seconds, how many of them training hid and how many it
+    waited at the end (the "staging" phase), and the files read from the source for training."""
     settings: dict[str, Any] = field(default_factory=dict)
     """How the loop ran: device, precision, compile, memory format, loader, accumulation."""
 
@@ -108,6 +111,7 @@ class Breakdown:
             "flops_per_sample": self.flops_per_sample,
             "achieved_flops_per_s": self.achieved_flops_per_s,
             "train_samples_seen": self.train_samples_seen,
+            "overlapped_staging": dict(self.overlapped_staging),
             "settings": dict(self.settings),
         }
 
@@ -120,5 +124,8 @@ class Breakdown:
             flops_per_sample=float(data.get("flops_per_sample", 0.0)),
             achieved_flops_per_s=float(data.get("achieved_flops_per_s", 0.0)),
             train_samples_seen=int(data.get("train_samples_seen", 0)),
+            overlapped_staging={
+                str(k): float(v) for k, v in (data.get("overlapped_staging") or {}).items()
+            },
             settings=dict(data.get("settings") or {}),
         )

@@ -27,6 +27,7 @@ from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import to_dict
 from mlhpc.common.errors import MlhpcError, TrainingError
 from mlhpc.common.layout import implementation_dir, system_json_path
+from mlhpc.common.safeio.datasets import reading_through
 from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.safeio.locks import FolderBusy, folder_lock
 from mlhpc.common.training.loop import RunResult, StagedData, SubmissionInfo, train_to_target
@@ -34,8 +35,9 @@ from mlhpc.common.training.mllogger import MLLog
 from mlhpc.common.training.progress import SILENT, CampaignClock, Progress, seed_line
 from mlhpc.generation import SizeCheck, generate_dataset
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
-from mlhpc.staging import Communicator, StageRequest, comm_for, stage_dataset
+from mlhpc.staging import Communicator, StageReport, StageRequest, comm_for, stage_dataset
 from mlhpc.staging.localdir import STAGE_PREFIX, claim_stage_dir, remove_claimed_dir, remove_stale_stage_dirs
+from mlhpc.staging.overlap import OverlappedStaging
 from mlhpc.system_desc import describe_system, merge_system_json, stable_system_name, write_system_json
 
 T = TypeVar("T")
@@ -164,7 +166,7 @@ def _train(
         plan,
         submission,
         ctx=group,
-        comm=comm_for(group),
+        comm=comm_for(group, beside_training=opts.staging == "overlap"),
         local_root=prepared.local_root,
         power=power,
         progress=progress,
@@ -253,7 +255,12 @@ class _SeedRunner:
                     seed=seed,
                     submission=self.submission,
                     stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm, self.opts),
-                    staging_inside_run=self.opts.staging == "inside",
+                    staging=self.opts.staging,
+                    start_staging=lambda staged: _Overlapped(
+                        _request(self.data_dir, stage_dir, ctx, self.opts, claims=owned / "claims"),
+                        comm,
+                        staged,
+                    ),
                     clear_cache=self.opts.clear_cache,
                     progress=self.progress,
                 )
@@ -296,7 +303,7 @@ def plan_line(plan: CampaignPlan, prepared: Prepared, data_dir: Path) -> str:
         kept = f" (run {opts.index} of the campaign, {len(plan.kept)} others finished)"
     else:
         kept = f", keeping {len(plan.kept)} finished" if plan.kept else ""
-    where = "inside" if opts.staging == "inside" else "before"
+    where = {"inside": "inside", "before": "before", "overlap": "while training, inside"}[opts.staging]
     return (
         f"{plan.benchmark} --config {opts.config}: {plan.scaling} scaling, seeds {runs}{kept}; "
         f"data {data_dir} staged to {prepared.local_root} ({where} the timed region); "
@@ -380,12 +387,62 @@ def _take_lock(held: ExitStack, out: Path, what: str, wait_s: float) -> None:
             time.sleep(1)
 
 
+def _request(
+    data_dir: Path, stage_dir: Path, ctx: DistContext, opts: RunOptions, claims: Path | None = None
+) -> StageRequest:
+    """Every node gets the whole dataset (the loaders read all of it), the source read once."""
+    return StageRequest(
+        data_dir,
+        stage_dir,
+        mode="replicate",
+        progress=ctx.is_main and claims is None,  # no bar over the epochs' lines
+        io=opts.staging_io,
+        durable=opts.durable,
+        claims=claims,
+    )
+
+
 def _stage(
     data_dir: Path, stage_dir: Path, ctx: DistContext, comm: Communicator, opts: RunOptions
 ) -> StagedData:
-    """Every node gets the whole dataset (the loaders read all of it), the source read once."""
-    request = StageRequest(
-        data_dir, stage_dir, mode="replicate", progress=ctx.is_main, io=opts.staging_io, durable=opts.durable
-    )
-    report = stage_dataset(request, comm)
+    report = stage_dataset(_request(data_dir, stage_dir, ctx, opts), comm)
     return StagedData(path=stage_dir, metadata=report.metadata())
+
+
+class _Overlapped:
+    """The loop's `BackgroundStaging` over `staging.overlap.OverlappedStaging`: `staged` runs in
+    the staging thread once the copy is complete (it logs staging_stop)."""
+
+    def __init__(
+        self, request: StageRequest, comm: Communicator, staged: Callable[[StagedData], None]
+    ) -> None:
+        self.read_path = request.src
+        self._staged = staged
+        self._staging = OverlappedStaging(request, comm, done=self._done)
+
+    def _done(self, report: StageReport) -> None:
+        self._staged(StagedData(path=report.dest, metadata=report.metadata()))
+
+    def reading(self) -> AbstractContextManager[None]:
+        return reading_through(self._staging.node_copy())
+
+    @property
+    def failed(self) -> bool:
+        return self._staging.failed
+
+    @property
+    def running(self) -> bool:
+        return self._staging.running
+
+    def finish(self) -> StagedData:
+        report = self._staging.wait()
+        return StagedData(path=report.dest, metadata=report.metadata())
+
+    def stop(self) -> None:
+        self._staging.stop()
+
+    def seconds(self) -> float:
+        return self._staging.seconds()
+
+    def demand_copies(self) -> int:
+        return self._staging.demand_copies()

@@ -107,7 +107,8 @@ def _data_options(group: argparse._ArgumentGroup) -> None:
         "--staging",
         choices=STAGINGS,
         default=DEFAULT_STAGING,
-        help="stage inside run_start..run_stop (default, counts in the score) or before it",
+        help="stage inside run_start..run_stop before training (default, counts in the score), "
+        "before run_start, or overlap: inside the run while training reads through the copy",
     )
     group.add_argument(
         "--io",
