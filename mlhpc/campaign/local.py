@@ -30,7 +30,7 @@ from mlhpc.common.layout import implementation_dir, system_json_path
 from mlhpc.common.safeio.datasets import reading_through
 from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
 from mlhpc.common.safeio.locks import FolderBusy, folder_lock
-from mlhpc.common.training.loop import RunResult, StagedData, SubmissionInfo, train_to_target
+from mlhpc.common.training.loop import RunResult, StagedData, StartStaging, SubmissionInfo, train_to_target
 from mlhpc.common.training.mllogger import MLLog
 from mlhpc.common.training.progress import SILENT, CampaignClock, Progress, seed_line
 from mlhpc.generation import SizeCheck, generate_dataset
@@ -407,6 +407,11 @@ def _stage(
 ) -> StagedData:
     report = stage_dataset(_request(data_dir, stage_dir, ctx, opts), comm)
     return StagedData(path=stage_dir, metadata=report.metadata())
+
+
+def overlapped_staging(request: StageRequest, comm: Communicator) -> StartStaging:
+    """What the loop calls at run_start to stage `request` while training (--staging overlap)."""
+    return lambda staged: _Overlapped(request, comm, staged)
 
 
 class _Overlapped:

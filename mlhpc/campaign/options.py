@@ -190,6 +190,11 @@ def check_options(opts: RunOptions, slurm: SlurmResources | None = None) -> None
             f"inside run_start..run_stop; use --staging inside or --ruleset {STAGING_BEFORE_RUN_START_SINCE}"
         )
     weak = opts.instances > 1
+    if weak and opts.staging == "overlap":
+        raise ConfigError(
+            f"--instances {opts.instances} with --staging overlap: an instance's staging would need "
+            "collectives of its own beside its training's; use --staging inside"
+        )
     if weak and opts.num_seeds != 1:
         raise ConfigError(f"--instances {opts.instances} trains one model per instance; drop --seeds")
     if weak and opts.index is not None:

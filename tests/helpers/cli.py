@@ -13,7 +13,9 @@ from pathlib import Path
 def said_lines(stderr: str) -> list[str]:
     """stderr's lines without the notice a slow step prints after 2 s (`mlhpc: checking X ...`,
     common/display/waiting.py): on a busy machine any check may print it, and it is no error."""
-    return [line for line in stderr.splitlines() if not (line.startswith("mlhpc: ") and line.endswith(" ..."))]
+    return [
+        line for line in stderr.splitlines() if not (line.startswith("mlhpc: ") and line.endswith(" ..."))
+    ]
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -73,7 +75,9 @@ def mlhpc_cli(
     )
 
 
-def mlhpc(*args: str | Path, cwd: Path | None = None, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+def mlhpc(
+    *args: str | Path, cwd: Path | None = None, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
     """`python -m mlhpc ARGS` to its end in a subprocess, output captured, in the test environment
     (`cli_env` with `env`); `mlhpc_cli` runs one in a folder of its own, staging under it."""
     return subprocess.run(

@@ -24,7 +24,9 @@ def wait_for_horovod_build(wait_s: float = WAIT_S) -> None:
     deadline = time.monotonic() + wait_s
     while not Path(done).exists():
         if time.monotonic() > deadline:
-            pytest.fail(f"the background Horovod build did not end within {wait_s:.0f} s ({BUILD_VARIABLE}={done})")
+            pytest.fail(
+                f"the background Horovod build did not end within {wait_s:.0f} s ({BUILD_VARIABLE}={done})"
+            )
         time.sleep(2)
 
 
