@@ -31,7 +31,6 @@ from tests.helpers.mllog_files import mllog_events, official_compliance
 REPO = Path(__file__).resolve().parents[2]
 COPY_DELAY_S = "0.05"
 """Per staged file, once training has read one (`slow_staging`): ~2 s for the small dataset."""
-pytestmark = pytest.mark.xdist_group("staging_overlap")  # the runs are module fixtures: made once
 
 
 def _identity_run(data: Path, out: Path, mode: str, ranks: int) -> dict:
@@ -51,68 +50,47 @@ def _identity_run(data: Path, out: Path, mode: str, ranks: int) -> dict:
     return json.loads((out / f"{mode}.json").read_text())
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1-rank", "2-ranks"])
-def overlapped(request: pytest.FixtureRequest, cosmo_data: Path, tmp_path_factory: pytest.TempPathFactory):
-    ranks = request.param
-    out = tmp_path_factory.mktemp(f"overlap{ranks}")
-    (out / "source").write_text(str(cosmo_data))
-    inside = _identity_run(cosmo_data, out, "inside", ranks)
-    overlap = _identity_run(cosmo_data, out, "overlap", ranks)
-    return inside, overlap, out
-
-
-def cosmo_source(out: Path) -> Path:
-    return Path((out / "source").read_text())
-
-
 @pytest.mark.slow
-def test_training_is_bitwise_the_synchronous_runs(overlapped) -> None:
-    inside, overlap, _ = overlapped
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1-rank", "2-ranks"])
+def test_training_is_bitwise_the_synchronous_runs(ranks: int, cosmo_data: Path, tmp_path: Path) -> None:
+    inside = _identity_run(cosmo_data, tmp_path, "inside", ranks)
+    overlap = _identity_run(cosmo_data, tmp_path, "overlap", ranks)
     assert inside["status"] == overlap["status"] == "success"
     assert len(inside["snapshots"]) == 3
     assert overlap["snapshots"] == inside["snapshots"]  # every parameter, after every epoch
-    # and it was overlapped: training read files staging had not reached, each copied once
-    assert overlap["overlap"]["files_read_for_training"] > 0, overlap
-    assert overlap["overlap"]["hidden_s"] > 0, overlap
+    # and it was overlapped: training read files staging had not reached
+    figures = overlap["overlap"]
+    assert figures["files_read_for_training"] > 0 and figures["hidden_s"] > 0, figures
 
-
-@pytest.mark.slow
-def test_staging_stop_lies_inside_the_epochs_and_each_file_is_read_once(overlapped) -> None:
-    _, overlap, out = overlapped
-    events = mllog_events(out / "overlap.txt")
+    events = mllog_events(tmp_path / "overlap.txt")
     keys = [e["key"] for e in events]
     assert keys.index("run_start") < keys.index("staging_start") < keys.index("epoch_start")
     stop = keys.index("staging_stop")
     assert keys.index("epoch_start") < stop < keys.index("run_stop")
-    metadata = events[stop]["metadata"]
-    assert metadata["synchronous_staging"] is False
+    assert events[stop]["metadata"]["synchronous_staging"] is False
     times = [e["time_ms"] for e in events]
     assert times == sorted(times)  # logged from the staging thread, at its moment
+
     # every file of the dataset was copied once on the node, by training or by staging
-    records = [json.loads(p.read_text()) for p in (out / "node-overlap" / "claims").iterdir()]
+    records = [json.loads(p.read_text()) for p in (tmp_path / "node-overlap" / "claims").iterdir()]
     sources = sorted(fields[3] for fields, _ in records)
-    assert sources == sorted(e.path for e in Manifest.read(cosmo_source(out) / MANIFEST_NAME).files)
-    assert sum(by == "demand" for _, by in records) == overlap["overlap"]["files_read_for_training"]
-
-
-@pytest.fixture(scope="module")
-def campaign_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An overlapped mini campaign run to the target (the checker wants it reached)."""
-    root = tmp_path_factory.mktemp("overlap_campaign")
-    proc = _cli(root, None, "0.002", "--seeds", "1")
-    out, err = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-2000:] + err[-2000:]
-    return next((root / "out").rglob("result_0.txt"))
+    assert sources == sorted(e.path for e in Manifest.read(cosmo_data / MANIFEST_NAME).files)
+    assert sum(by == "demand" for _, by in records) == figures["files_read_for_training"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ruleset", RULESETS)
-def test_overlapped_logs_pass_the_official_checker(campaign_log: Path, ruleset: str) -> None:
-    keys = [e["key"] for e in mllog_events(campaign_log)]
+def test_overlapped_logs_pass_the_official_checker_under_every_ruleset(tmp_path: Path) -> None:
+    """An overlapped mini campaign run to the target (the checker wants it reached)."""
+    proc = _cli(tmp_path, None, "0.002", "--seeds", "1")
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    log = next((tmp_path / "out").rglob("result_0.txt"))
+    keys = [e["key"] for e in mllog_events(log)]
     assert keys.index("epoch_start") < keys.index("staging_stop") < keys.index("run_stop")
-    result = official_compliance(campaign_log, ruleset)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout + result.stderr
+    for ruleset in RULESETS:
+        result = official_compliance(log, ruleset)
+        assert result.returncode == 0, ruleset + result.stdout + result.stderr
+        assert "SUCCESS" in result.stdout + result.stderr, ruleset
 
 
 # ---------------------------------------------------------------- once per node, under claims
