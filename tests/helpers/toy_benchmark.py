@@ -26,6 +26,7 @@ from mlhpc.common.training.loop_config import LoopConfig
 from mlhpc.common.training.mllogger import MLLog
 from mlhpc.common.training.progress import SILENT, Progress
 from mlhpc.common.training.schedules import WarmupSchedule, build_lr_scheduler
+from mlhpc.common.vocabulary import Staging
 
 FEATURES = 8
 
@@ -159,7 +160,7 @@ def run_toy(
     log_path: Path | None,
     *,
     seed: int = 1,
-    staging_inside_run: bool = True,
+    staging: Staging = "inside",
     bench: Benchmark = TOY,
     data_dir: Path | None = None,
     progress: Progress = SILENT,
@@ -177,7 +178,7 @@ def run_toy(
             seed=seed,
             submission=SUBMISSION,
             stage=lambda: StagedData(path=staging_dir, metadata={"staged_files": 0}),
-            staging_inside_run=staging_inside_run,
+            staging=staging,
             progress=progress,
         )
     except BaseException:

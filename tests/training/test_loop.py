@@ -70,7 +70,7 @@ def test_a_run_to_target_logs_events_in_order(ctx: DistContext, tmp_path: Path) 
 
 @pytest.mark.parametrize("inside", [True, False])
 def test_staging_inside_or_before_run_start(ctx: DistContext, tmp_path: Path, inside: bool) -> None:
-    run_toy(make_config(max_epochs=1), ctx, tmp_path / "log.txt", staging_inside_run=inside)
+    run_toy(make_config(max_epochs=1), ctx, tmp_path / "log.txt", staging="inside" if inside else "before")
     keys = keys_in_order(mllog_events(tmp_path / "log.txt"))
     assert (keys.index("staging_start") > keys.index("run_start")) is inside
     assert keys.index("staging_start") > keys.index("init_stop")
