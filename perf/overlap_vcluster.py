@@ -272,8 +272,9 @@ class Record:
         }  # fmt: skip
         self.runs: list[dict] = []
 
-    def add(self, run: RunFigures, rate: str) -> None:
-        self.runs.append({**run.to_json(), "rate": rate})
+    def add(self, run: RunFigures, rate: str, load1: float) -> None:
+        """`load1`: the machine's load average as the run began (other work on the cores shows)."""
+        self.runs.append({**run.to_json(), "rate": rate, "load1_at_start": load1})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({**self.head, "runs": self.runs}, indent=1) + "\n")
 
@@ -291,8 +292,9 @@ def _sweep(
     for nodes in args.nodes:
         for repeat in range(args.repeats):
             for mode in modes:
+                load1 = os.getloadavg()[0]
                 run = run_once(setup, args, nodes, mode, repeat)
-                record.add(run, rate)
+                record.add(run, rate, load1)
                 _say(run)
                 runs.append(run)
     return runs
@@ -371,7 +373,9 @@ def _parser() -> argparse.ArgumentParser:
             help="a config override (generate and run)",
         )
         s.add_argument("--extra", type=shlex.split, default=[], help="more `mlhpc run` flags, one string")
-        s.add_argument("--nodes", type=_csv(int), default=[1, 2, 4], help="node counts (sweep: 1,2,4; calibrate: 1,2)")
+        s.add_argument(
+            "--nodes", type=_csv(int), default=[1, 2, 4], help="node counts (sweep: 1,2,4; calibrate: 1,2)"
+        )
         s.add_argument("--repeats", type=int, default=3)
         s.add_argument("--run-timeout", type=float, default=590, help="seconds one srun may take (590)")
         s.add_argument("--keep", action="store_true", help="leave the cluster up for the next command")
