@@ -7,13 +7,15 @@ The cluster is perf/cluster_staging.py's: N compute nodes and one more host, the
 (drained in Slurm), which serves the dataset over sshfs; each compute node mounts it at the same
 path in its own mount namespace. Only the storage node's link is shaped (tc tbf, both directions,
 --rate); the compute nodes' links, which carry DDP's all-reduce and staging's exchange, are not.
-`mlhpc run` stages in replicate mode (the dataset read once in all), so staging time hardly
-depends on the node count. /local is a tmpfs on every node; each run stages to a fresh folder
+`mlhpc run` stages in replicate mode (the dataset read once in all, then exchanged), so staging
+time grows only mildly with the node count (cosmoflow mini at 60mbit: 6 s at 1 node, 8 at 2, 11
+at 4). At 55mbit `--staging inside` spends about 25 % of time-to-train staging on an idle machine
+(`calibrate`; a loaded one trains slower, and the share falls). /local is a tmpfs on every node; each run stages to a fresh folder
 there, removed after it. Every client runs inside the cluster (`scripts/vcluster exec login --
 srun ...`), never in the host's network namespace.
 
-    perf/overlap_vcluster.py calibrate [--rates 40mbit,80mbit] [--nodes 1,2]   # staging share of --staging inside
-    perf/overlap_vcluster.py sweep [--rate 60mbit] [--nodes 1,2,4] [--modes inside,before,overlap] [--repeats 3]
+    perf/overlap_vcluster.py calibrate [--rates 50mbit,60mbit] [--nodes 1,2]   # staging share of --staging inside
+    perf/overlap_vcluster.py sweep [--rate 55mbit] [--nodes 1,2,4] [--modes inside,before,overlap] [--repeats 3]
     perf/overlap_vcluster.py down                        # only after --keep, or an interrupted command
 
 Each command brings the cluster up (generating the dataset) and takes it down at its end, unless
@@ -301,6 +303,11 @@ def _sweep(
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
+    from mlhpc.common.vocabulary import STAGINGS
+
+    unknown = [m for m in args.modes if m not in STAGINGS]
+    if unknown:  # before the cluster comes up: `overlap` arrives with issue 44
+        raise StudyError(f"--modes {','.join(unknown)}: this mlhpc's --staging takes {', '.join(STAGINGS)}")
     with cluster(args, max(args.nodes)) as setup:
         record = Record(args, setup)
         runs = _sweep(setup, args, args.rate, args.modes, record)
@@ -382,11 +389,11 @@ def _parser() -> argparse.ArgumentParser:
         return s
 
     sw = named("sweep", "every mode at every node count, interleaved; table, JSON, plot")
-    sw.add_argument("--rate", default="60mbit", help="the storage link's rate, tc's syntax (60mbit)")
+    sw.add_argument("--rate", default="55mbit", help="the storage link's rate, tc's syntax (55mbit)")
     sw.add_argument("--modes", type=_csv(str), default=["inside", "before"], help="--staging values, in turn")
     sw.add_argument("--reference", default="before", help="the mode the ratios divide by (before)")
     ca = named("calibrate", "--staging inside at each rate: its share of time-to-train")
-    ca.add_argument("--rates", type=_csv(str), default=["60mbit"], help="storage link rates to try (60mbit)")
+    ca.add_argument("--rates", type=_csv(str), default=["55mbit"], help="storage link rates to try (55mbit)")
     ca.add_argument("--share", type=float, default=0.25, help="the staging share to find a rate for (0.25)")
     ca.set_defaults(repeats=1, nodes=[1, 2])
     named("down", "take a kept cluster down")
