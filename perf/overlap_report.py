@@ -3,7 +3,7 @@
 interval and its place, and epochs; the runs grouped by nodes and staging mode, the table and the
 plot. Pure: no cluster here (tests/perf/test_overlap_vcluster.py reads hand-written logs).
 
-    perf/overlap_report.py runs/overlap-vcluster/overlap_*.json [--png OUT.png] [--reference before]
+    perf/overlap_report.py runs/overlap-vcluster/overlap_*.json [--png OUT.png] [--reference before] [--rate 55mbit]
 """
 
 from __future__ import annotations
@@ -252,13 +252,14 @@ def plot(runs: Sequence[RunFigures], png: Path, title: str = "") -> None:
 # --- reading back -------------------------------------------------------------------------------
 
 
-def load_runs(paths: Sequence[Path]) -> list[RunFigures]:
-    """The runs of one or more JSON files that perf/overlap_vcluster.py wrote."""
+def load_runs(paths: Sequence[Path], rate: str | None = None) -> list[RunFigures]:
+    """The runs of one or more JSON files that perf/overlap_vcluster.py wrote (those at the
+    storage link `rate` alone, when given: a calibration holds several)."""
     runs = []
     for path in paths:
         try:
             data = json.loads(path.read_text())
-            runs += [RunFigures.from_json(row) for row in data["runs"]]
+            runs += [RunFigures.from_json(row) for row in data["runs"] if rate in (None, row.get("rate"))]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ReportError(f"{path}: not a results file of perf/overlap_vcluster.py ({e})") from e
     return runs
@@ -269,9 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("json", nargs="+", type=Path, help="results files of perf/overlap_vcluster.py")
     p.add_argument("--png", type=Path, help="write the plot here")
     p.add_argument("--reference", default="before", help="the mode the ratios divide by (before)")
+    p.add_argument("--rate", help="only the runs at this storage link rate (e.g. 55mbit)")
     args = p.parse_args(argv)
     try:
-        runs = load_runs(args.json)
+        runs = load_runs(args.json, args.rate)
     except ReportError as e:
         print(f"overlap_report: {e}", file=sys.stderr)
         return 2

@@ -157,6 +157,13 @@ def test_the_json_round_trip_and_the_report_command(
     results = tmp_path / "overlap.json"
     results.write_text(json.dumps({"date": "2026-11-28", "runs": [r.to_json() for r in RUNS]}))
     assert load_runs([results]) == RUNS
+    rated = tmp_path / "rated.json"
+    rated.write_text(
+        json.dumps(
+            {"runs": [{**RUNS[0].to_json(), "rate": "50mbit"}, {**RUNS[1].to_json(), "rate": "60mbit"}]}
+        )
+    )
+    assert load_runs([results, rated], rate="60mbit") == [RUNS[1]]
     png = tmp_path / "plot.png"
     assert main([str(results), "--png", str(png)]) == 0
     assert capsys.readouterr().out.startswith("| nodes | mode |")
