@@ -28,6 +28,12 @@ Staging = Literal["inside", "before", "overlap"]
 """Where staging goes: inside run_start..run_stop (timed) before training, before run_start, or
 inside the run while training reads the dataset through the copy being made."""
 STAGINGS: tuple[Staging, ...] = get_args(Staging)
+STAGING_WHEN: dict[Staging, str] = {
+    "inside": "inside the timed region, before training",
+    "before": "before the timed region",
+    "overlap": "inside the timed region, while training",
+}
+"""Each word of --staging as the campaign's plan line and its dry run say it."""
 DEFAULT_STAGING: Staging = "inside"
 
 StagingIo = Literal["auto", "buffered"]

@@ -29,6 +29,7 @@ from mlhpc.common.safeio.fileio import atomic_write_text
 from mlhpc.common.safeio.writable import json_kind, refuse_output_over_inputs
 from mlhpc.common.training.loop import SubmissionInfo, init_events, resolve_memory_format
 from mlhpc.common.training.mllogger import MLLog, constants
+from mlhpc.common.vocabulary import STAGING_WHEN
 from mlhpc.generation import SizeCheck
 from mlhpc.system_desc import stable_system_name
 
@@ -112,7 +113,7 @@ def _print_what_runs(
         f"dry run: {bench.name} --config {opts.config}, {runs} on {ranks} rank(s) each "
         f"(batch {loop.local_batch_size(ranks)} per rank x {loop.gradient_accumulation_steps} "
         f"micro-batches), {loop.precision}{', compiled' if loop.compile else ''}, memory format "
-        f"{resolve_memory_format(loop, bench, device)}, staging {opts.staging} run_start; "
+        f"{resolve_memory_format(loop, bench, device)}, staging {STAGING_WHEN[opts.staging]}; "
         f"data {data_text}. Nothing was trained, staged or written{written}."
     )
 

@@ -33,6 +33,7 @@ from mlhpc.common.safeio.locks import FolderBusy, folder_lock
 from mlhpc.common.training.loop import RunResult, StagedData, StartStaging, SubmissionInfo, train_to_target
 from mlhpc.common.training.mllogger import MLLog
 from mlhpc.common.training.progress import SILENT, CampaignClock, Progress, seed_line
+from mlhpc.common.vocabulary import STAGING_WHEN
 from mlhpc.generation import SizeCheck, generate_dataset
 from mlhpc.power import EnergyCounter, PowerSampler, node_power, power_log_path
 from mlhpc.staging import Communicator, StageReport, StageRequest, comm_for, stage_dataset
@@ -303,10 +304,9 @@ def plan_line(plan: CampaignPlan, prepared: Prepared, data_dir: Path) -> str:
         kept = f" (run {opts.index} of the campaign, {len(plan.kept)} others finished)"
     else:
         kept = f", keeping {len(plan.kept)} finished" if plan.kept else ""
-    where = {"inside": "inside", "before": "before", "overlap": "while training, inside"}[opts.staging]
     return (
         f"{plan.benchmark} --config {opts.config}: {plan.scaling} scaling, seeds {runs}{kept}; "
-        f"data {data_dir} staged to {prepared.local_root} ({where} the timed region); "
+        f"data {data_dir} staged to {prepared.local_root} ({STAGING_WHEN[opts.staging]}); "
         f"results in {plan.results_dir}"
     )
 

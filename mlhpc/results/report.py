@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import shutil
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +138,9 @@ def _print_campaign(console: Any, entry: str, mine: list[RunBreakdown], *, files
     for how, count in Counter(_settings(run.breakdown) for run in mine).items():
         if how:
             console.print(f"how it ran: {escape(how)} ({count} of {len(mine)} runs)")
+    overlapped = [run.breakdown.overlapped_staging for run in mine if run.breakdown.overlapped_staging]
+    if overlapped:
+        console.print(escape(overlap_line(overlapped, len(mine))))
     if left_out:
         more = "" if files_asked else " and --json/--csv"
         console.print(f"left out for the terminal's width: {', '.join(left_out)} (see a wider terminal{more})")
@@ -245,6 +249,19 @@ def campaign_table(entry: str, runs: list[RunBreakdown], console: Any) -> tuple[
 
 def _gflops(value: float | None) -> str:
     return "" if value is None else f"{value / 1e9:.3g}"
+
+
+def overlap_line(figures: list[dict[str, float]], runs: int) -> str:
+    """How much of the staging training hid (--staging overlap), as medians over the runs."""
+
+    def median(key: str) -> float:
+        return statistics.median(f.get(key, 0.0) for f in figures)
+
+    return (
+        f"staging overlapped training ({len(figures)} of {runs} runs, medians): {median('hidden_s'):.1f} s "
+        f"of {median('staging_s'):.1f} s hidden, {median('waited_s'):.1f} s waited for at the end, "
+        f"{median('files_read_for_training'):.0f} files read from the source for training"
+    )
 
 
 def _entry_json(entry: str, runs: list[RunBreakdown]) -> dict[str, Any]:
