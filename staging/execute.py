@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -28,9 +28,13 @@ from mlhpc.staging.extract import ArchiveExtractor
 from mlhpc.staging.journal import already_staged, journal
 from mlhpc.staging.manifest import FileEntry, Manifest
 from mlhpc.staging.parallel import run_copies
-from mlhpc.staging.plan import plan_copies, plan_exchange, rank_files, uses_exchange
+from mlhpc.staging.plan import plan_copies, plan_exchange, rank_files, read_first_order, uses_exchange
 from mlhpc.staging.request import CopyOptions
 from mlhpc.staging.source import Source, changed_while_copied, open_source, recorded_identity
+
+ReadFirst = Callable[[], Sequence[Sequence[str]] | None]
+"""Waits for, then gives, the files each node's training reads first, in order, relative to the
+source (`stage_dataset`'s `read_first`); None: no order known."""
 
 
 def stage_directory(
@@ -40,18 +44,27 @@ def stage_directory(
     manifest: Manifest,
     evidence: dict[str, Staged] | None,
     options: CopyOptions,
+    read_first: ReadFirst | None = None,
 ) -> Work:
-    """Copy this rank's files from the source, or exchange them with the other nodes."""
+    """Copy this rank's files from the source, or exchange them with the other nodes; in the
+    order training reads them, when it runs meanwhile (`read_first`, see `stage_dataset`)."""
     topo = comm.topology
     files = rank_files(manifest, options.mode, topo)
     kept = [] if evidence is None else find_staged(src, dest, files, evidence, options)
     have = frozenset(s.source for s in kept)
+    first = read_first() if read_first is not None else None
     if uses_exchange(options.mode, topo):
-        return _exchange_directory(comm, src, dest, files, have, options) if topo.in_exchange else Work()
+        if not topo.in_exchange:
+            return Work()
+        return _exchange_directory(comm, src, dest, files, have, options, first)
+    if first:
+        files = read_first_order(files, first[topo.node])
     ops = plan_copies(files, have)
     make_folders(str(dest), [staged_path(op.entry.path, options) for op in ops])
     entries = [op.entry for op in ops]
-    with StageProgress(options.progress, len(ops), sum(f.size for f in entries), f"staging {src.name}") as progress:
+    with StageProgress(
+        options.progress, len(ops), sum(f.size for f in entries), f"staging {src.name}"
+    ) as progress:
         staged = run_copies(entries, str(src), str(dest), options, progress.advance)
     records = {s.source: s for s in [*kept, *staged]} if topo.local_size == 1 else None
     return Work(staged, skipped=len(have), read_bytes=sum(op.entry.size for op in ops), records=records)
@@ -86,10 +99,11 @@ def _exchange_directory(
     files: list[FileEntry],
     have: frozenset[str],
     options: CopyOptions,
+    first: Sequence[Sequence[str]] | None,
 ) -> Work:
     topo = comm.topology
     haves = peer_have_sets(comm, files, have, None)
-    exchange = plan_exchange(files, haves, send_from_dest=not options.decompress)
+    exchange = plan_exchange(files, haves, send_from_dest=not options.decompress, first=first)
     chunk = chunk_size(options.chunk_bytes, topo.num_nodes)
     lengths = [exchange.stream_bytes(n) for n in range(topo.num_nodes)]
     incoming = [i.entry for stream in exchange.streams for i in stream if i.entry.path not in have]

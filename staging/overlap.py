@@ -77,12 +77,20 @@ class OverlappedStaging:
         self.error: BaseException | None = None
         self._options: CopyOptions | None = None
         self._planned = threading.Event()
+        self._order: list[list[str]] | None = None
+        self._ordered = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlhpc-staging", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            report = stage_dataset(self.request, self.comm, described=self.described, planned=self._plan)
+            report = stage_dataset(
+                self.request,
+                self.comm,
+                described=self.described,
+                planned=self._plan,
+                read_first=self._read_first,
+            )
             if self._done is not None:
                 self._done(report)  # at the moment the copy is complete (staging_stop's time)
             self.report = report
@@ -95,6 +103,21 @@ class OverlappedStaging:
     def _plan(self, options: CopyOptions) -> None:
         self._options = options
         self._planned.set()
+
+    def read_order(self, paths: list[list[str]] | None) -> None:
+        """The files each node's training reads first, in order (source paths as the loaders
+        name them); None: not known. Staging waits for it before its first copy (every rank
+        gives the same, worked out from the seed, so the nodes plan alike)."""
+        prefix = str(self.request.src) + os.sep
+        known = {entry.path for entry in self.described[0].files}
+        if paths is not None:
+            rels = ([p[len(prefix) :] for p in node if p.startswith(prefix)] for node in paths)
+            self._order = [[rel for rel in node if rel in known] for node in rels]
+        self._ordered.set()
+
+    def _read_first(self) -> list[list[str]] | None:
+        self._ordered.wait()
+        return self._order
 
     def node_copy(self) -> NodeCopy:
         """What the loaders read through, once DEST is locked and agreed (before any copy)."""
@@ -125,6 +148,7 @@ class OverlappedStaging:
         """Stop the copies under way (training failed or was interrupted) and wait a little for
         the thread; a thread waiting on another node stays behind (a daemon: it ends with us)."""
         request_stop(str(self.request.dest))
+        self._ordered.set()  # a staging waiting for the order goes on, to stop
         self._thread.join(STOP_WAIT_S)
 
     def seconds(self) -> float:

@@ -117,15 +117,30 @@ def plan_copies(files: Sequence[FileEntry], have: frozenset[str]) -> list[CopyOp
     return [CopyOp(entry) for entry in files if entry.path not in have]
 
 
+def read_first_order(entries: Sequence[FileEntry], first: Sequence[str]) -> list[FileEntry]:
+    """`entries` in the order training reads them (`first`, see `plan_exchange`), the rest after
+    in their own order."""
+    position = {path: i for i, path in enumerate(first)}
+    return sorted(entries, key=lambda e: position.get(e.path, len(position)))
+
+
 def plan_exchange(
-    files: Sequence[FileEntry], have: Sequence[frozenset[str]], send_from_dest: bool = True
+    files: Sequence[FileEntry],
+    have: Sequence[frozenset[str]],
+    send_from_dest: bool = True,
+    first: Sequence[Sequence[str]] | None = None,
 ) -> Exchange:
     """Split a peer group's files over its nodes as senders; `have[n]`: what node n holds already.
 
     A file every node holds is skipped; one some nodes hold is sent by one of them from its
     node-local copy (unless `send_from_dest` is off: a decompressed copy differs from its
     source); the rest are read from the source, each by exactly one node.
+
+    `first[n]` (training while staging): the files node n's ranks read first, in that order. Each
+    is sent by that node, early in its stream, so that the node reads it from the source once,
+    for its training and for the others alike.
     """
+    reader = {path: n for n, paths in enumerate(first or ()) for path in reversed(paths)}
     nodes = len(have)
     held: dict[str, list[int]] = {}
     for n, paths in enumerate(have):
@@ -142,6 +157,8 @@ def plan_exchange(
             holders = []
         if holders:
             sender = min(holders, key=lambda n: (loads[n], n))
+        elif entry.path in reader:
+            sender = reader[entry.path]
         else:
             while heap[0][0] != loads[heap[0][1]]:  # drop entries made stale by a later load
                 heapq.heappop(heap)
@@ -149,4 +166,10 @@ def plan_exchange(
         loads[sender] += entry.size
         heapq.heappush(heap, (loads[sender], sender))
         streams[sender].append(StreamItem(entry, from_dest=bool(holders)))
-    return Exchange(tuple(tuple(sorted(s, key=lambda i: i.entry.path)) for s in streams))
+    ordered = []
+    for n, stream in enumerate(streams):
+        position = {path: i for i, path in enumerate(first[n])} if first else {}
+        ordered.append(
+            tuple(sorted(stream, key=lambda i: (position.get(i.entry.path, len(position)), i.entry.path)))
+        )
+    return Exchange(tuple(ordered))

@@ -34,7 +34,7 @@ from mlhpc.staging import archive as archives
 from mlhpc.staging.comm import CallbackComm, Communicator, LostRankError, agree
 from mlhpc.staging.destination import agree_destination, finish_node, lock_destination, refuse_overlap
 from mlhpc.staging.engine import Staged, Work, forget_checked_dirs
-from mlhpc.staging.execute import stage_archive, stage_directory
+from mlhpc.staging.execute import ReadFirst, stage_archive, stage_directory
 from mlhpc.staging.journal import close_journal, read_journals
 from mlhpc.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, scan_dataset
 from mlhpc.staging.plan import node_files
@@ -50,6 +50,7 @@ def stage_dataset(
     *,
     described: tuple[Manifest, bool] | None = None,
     planned: Callable[[CopyOptions], None] | None = None,
+    read_first: ReadFirst | None = None,
 ) -> StageReport:
     """Stage the dataset at `request.src` (a directory or a tar/tar.gz/tar.zst archive) into
     `request.dest`.
@@ -59,7 +60,9 @@ def stage_dataset(
     each node ends with (see `plan`). A rerun skips what is staged and verified already.
     The copy options are decided once (`_plan_job`) and reach every writer unchanged.
     `described`: the source's manifest, read already (`describe_source`); `planned` is called
-    with the copy options once DEST is locked and agreed, before any copy (`overlap.py`).
+    with the copy options once DEST is locked and agreed, before any copy; `read_first` gives
+    the files each node's training reads first, which a directory's copies then follow
+    (`overlap.py`).
     """
     comm = comm or CallbackComm()
     src, dest = request.src, request.dest
@@ -71,7 +74,7 @@ def stage_dataset(
         job = _plan_job(request, comm, described)
         if planned is not None:
             planned(job.options)
-        work, evidence, error = _copy(comm, request, job)
+        work, evidence, error = _copy(comm, request, job, read_first)
         totals = agree(comm, error, work.read_bytes)
         held = finish_node(
             comm,
@@ -139,7 +142,7 @@ def _plan_job(request: StageRequest, comm: Communicator, described: tuple[Manife
 
 
 def _copy(
-    comm: Communicator, request: StageRequest, job: _Job
+    comm: Communicator, request: StageRequest, job: _Job, read_first: ReadFirst | None = None
 ) -> tuple[Work, dict[str, Staged] | None, str | None]:
     """This rank's copies, extraction or exchange; (what it did, what an earlier staging left in
     the journals, this rank's error). An error is returned, not raised, so that every rank learns
@@ -154,7 +157,7 @@ def _copy(
             manifest = job.manifest if job.trusted else None
             work = stage_archive(comm, src, job.kind, dest, manifest, evidence or {}, job.options)
         else:
-            work = stage_directory(comm, src, dest, job.manifest, evidence, job.options)
+            work = stage_directory(comm, src, dest, job.manifest, evidence, job.options, read_first)
     except LostRankError:
         raise
     except (StagingError, OSError) as e:

@@ -159,6 +159,10 @@ class CosmoFlowFiles(Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
+    def sample_files(self, index: int) -> tuple[Path, ...]:
+        """The files sample `index` is read from (an overlapped staging copies them first)."""
+        return self.pairs[index]
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         data_path, label_path = self.pairs[index]
         data = _load(data_path)

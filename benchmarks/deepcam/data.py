@@ -206,6 +206,10 @@ class DeepCamFiles(Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
+    def sample_files(self, index: int) -> tuple[Path, ...]:
+        """The files sample `index` is read from (an overlapped staging copies them first)."""
+        return tuple(path for path in self.pairs[index] if path is not None)
+
     def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """The raw (H, W, C) fields and (H, W) labels of one sample, as stored."""
         data_path, label_path = self.pairs[index]

@@ -283,6 +283,10 @@ class ExtremeWeatherFiles(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    def sample_files(self, k: int) -> tuple[Path, ...]:
+        """The year file snapshot `k` is read from (an overlapped staging copies it first)."""
+        return (self.files[self.index[k][0]],)
+
     def __getitem__(self, k: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         f, i = self.index[k]
         # Opened lazily so that each DataLoader worker has its own handle (h5py handles do not fork).

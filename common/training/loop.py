@@ -167,7 +167,7 @@ def _setup(
     loop: LoopConfig = cfg.loop
     with timer.phase("setup"):
         loaders = bench.build_data(cfg, data.data_path, ctx, seed)
-        data.refuse_own_readers(loaders.loader)
+        data.loaders_built(loaders, ctx)  # an overlapped staging then copies in reading order
         log.event(constants.TRAIN_SAMPLES, loaders.train_samples)
         log.event(constants.EVAL_SAMPLES, loaders.eval_samples)
         # The schedules count optimizer steps, not micro-batches.

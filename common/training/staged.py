@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch.utils.data import DistributedSampler
 
 from mlhpc.common.cluster.distributed import DistContext
+from mlhpc.common.contract.registry import DataBundle
 from mlhpc.common.errors import ConfigError, StagingError
 from mlhpc.common.training import run_events
 from mlhpc.common.training.mllogger import MLLog, constants
@@ -43,6 +45,11 @@ class BackgroundStaging(Protocol):
 
     def reading(self) -> contextlib.AbstractContextManager[None]:
         """The loaders read through the copy being made inside this block."""
+        ...
+
+    def read_order(self, paths: list[list[str]] | None) -> None:
+        """The files each node reads first, in order (`first_reads`), for the copies to follow;
+        the staging waits for it (None: no order known)."""
         ...
 
     @property
@@ -89,6 +96,17 @@ class Staging:
                 f"--staging overlap reads the dataset through mlhpc's loaders, and data.loader={loader} "
                 "reads the files itself; set data.loader=torch or use --staging inside"
             )
+
+    def loaders_built(self, loaders: DataBundle, ctx: DistContext) -> None:
+        """Tell the staging what each node's training reads first, as soon as the loaders say."""
+        if self.background is None:
+            return
+        order = None
+        try:
+            self.refuse_own_readers(loaders.loader)
+            order = first_reads(loaders, ctx)
+        finally:
+            self.background.read_order(order)  # also on an error: the staging waits for it
 
     def check(self, ctx: DistContext) -> None:
         """At an epoch's end, where the ranks sync anyway: a staging that failed on any rank
@@ -166,6 +184,43 @@ class _StopOnce:
             if not self._logged:
                 self._logged = True
                 self._log.end(constants.STAGING_STOP, metadata={**metadata, "synchronous_staging": False})
+
+
+class SampleFiles(Protocol):
+    """A dataset that says which files each sample is read from (the benchmarks' file datasets)."""
+
+    def __len__(self) -> int: ...
+
+    def sample_files(self, index: int) -> tuple[Path, ...]: ...
+
+
+def first_reads(loaders: DataBundle, ctx: DistContext) -> list[list[str]] | None:
+    """Per node, the files its ranks read in the first epoch and then in the first evaluation,
+    in the order they read them (its ranks taking turns); None when the loaders do not say.
+
+    Worked out as torch's DistributedSampler deals the shuffled indices (the permutation of
+    seed + epoch 1, cut to whole global batches, index j to rank j mod world) and as the bundle
+    shards validation (rank r: indices r, r + world, ...). A wrong guess costs speed only:
+    every file is staged and verified whatever the order."""
+    train, validation = loaders.train, loaders.validation
+    dataset, sampler = getattr(train, "dataset", None), getattr(train, "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or not hasattr(dataset, "sample_files"):
+        return None
+    world = ctx.world_size
+    node_of = {rank: n for n, ranks in enumerate(ctx.node_layout.nodes) for rank in ranks}
+    whole = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=sampler.shuffle, seed=sampler.seed)
+    whole.set_epoch(1)
+    order = list(whole)
+    order = order[: len(order) // world * world] if sampler.drop_last else order
+    nodes: list[list[str]] = [[] for _ in ctx.node_layout.nodes]
+    for j, index in enumerate(order):
+        nodes[node_of[j % world]].extend(str(p) for p in dataset.sample_files(index))
+    shard = getattr(validation, "dataset", None)
+    base = getattr(shard, "dataset", None)
+    if hasattr(base, "sample_files"):
+        for index in range(len(base)):
+            nodes[node_of[index % world]].extend(str(p) for p in base.sample_files(index))
+    return [list(dict.fromkeys(paths)) for paths in nodes]
 
 
 def _overlap_figures(

@@ -431,6 +431,9 @@ class _Overlapped:
     def reading(self) -> AbstractContextManager[None]:
         return reading_through(self._staging.node_copy())
 
+    def read_order(self, paths: list[list[str]] | None) -> None:
+        self._staging.read_order(paths)
+
     @property
     def failed(self) -> bool:
         return self._staging.failed
