@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from mlhpc.common.vocabulary import RULESETS
 from mlhpc.staging import MANIFEST_NAME, build_manifest
@@ -238,3 +239,73 @@ def test_a_corrupt_source_file_stops_the_run_with_one_line(tmp_path: Path, cosmo
     last = err.strip().splitlines()[-1]
     assert "Traceback" not in err and victim.name in last and "check" in last, err
     assert "success" not in out
+
+
+# ---------------------------------------------------------------- the order staging follows
+class _Files(torch.utils.data.Dataset):
+    def __init__(self, n: int, prefix: str) -> None:
+        self.n, self.prefix = n, prefix
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def sample_files(self, index: int) -> tuple[Path, ...]:
+        return (Path(f"/src/{self.prefix}/d{index}.npy"), Path(f"/src/{self.prefix}/l{index}.npy"))
+
+
+@pytest.mark.parametrize(
+    ("world", "per_node", "n", "seed"), [(1, 1, 37, 3), (4, 2, 50, 11), (6, 3, 61, 20261128)]
+)
+def test_first_reads_are_what_each_nodes_ranks_read_in_the_first_epoch(world, per_node, n, seed) -> None:
+    """The order handed to staging is the one the real loaders read: each rank's sampler of
+    epoch 1, its validation shard after, per node."""
+    from mlhpc.common.cluster.distributed import DistContext
+    from mlhpc.common.training.loaders import torch_data_bundle
+    from mlhpc.common.training.loop_config import LoopConfig
+    from mlhpc.common.training.staged import first_reads
+
+    loop = LoopConfig(global_batch_size=world * 2, max_epochs=1, target=0.0)
+    reads_by_node: dict[int, list[str]] = {}
+    order = None
+    for rank in range(world):
+        ctx = DistContext(
+            rank=rank,
+            local_rank=rank % per_node,
+            world_size=world,
+            local_world_size=per_node,
+            num_nodes=world // per_node,
+            device=torch.device("cpu"),
+            backend="gloo",
+            launcher="none",
+        )
+        bundle = torch_data_bundle(
+            _Files(n, "train"), _Files(9, "val"), loop=loop, ctx=ctx, seed=seed, num_workers=0, where="/src"
+        )
+        order = order or first_reads(bundle, ctx)
+        assert first_reads(bundle, ctx) == order  # every rank works out the same
+        bundle.set_epoch(1)
+        mine = [str(p) for i in bundle.train.sampler for p in bundle.train.dataset.sample_files(i)]
+        mine += [
+            str(p)
+            for i in bundle.validation.dataset.indices
+            for p in bundle.validation.dataset.dataset.sample_files(i)
+        ]
+        reads_by_node.setdefault(rank // per_node, []).extend(mine)
+    assert order is not None and len(order) == world // per_node
+    for node, reads in reads_by_node.items():
+        assert sorted(order[node]) == sorted(set(reads))
+
+
+def test_each_node_sends_first_what_it_reads_first() -> None:
+    from mlhpc.staging.manifest import FileEntry
+    from mlhpc.staging.plan import plan_exchange
+
+    files = [FileEntry(f"f{i:02d}", 100 + i, "") for i in range(12)]
+    first = [["f07", "f03", "f11"], ["f00", "f05"], []]
+    exchange = plan_exchange(files, [frozenset()] * 3, first=first)
+    streams = [[item.entry.path for item in stream] for stream in exchange.streams]
+    assert streams[0][:3] == ["f07", "f03", "f11"] and streams[1][:2] == ["f00", "f05"]
+    assert sorted(p for s in streams for p in s) == [f.path for f in files]  # each file sent once
