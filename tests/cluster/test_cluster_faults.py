@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -434,23 +435,46 @@ def test_a_full_local_on_one_node_stops_every_rank_naming_it(
         cluster.exec("node04", ["mount", "-o", "remount,size=16M", "/local"])
 
 
+# `mlhpc run` with its staging slowed to 0.3 s a file once training has read a sample (see
+# tests/helpers/slow_staging.py), so that a node killed at epoch 2 dies mid-staging.
+SLOW_STAGING_RUN = """
+import sys, time
+from mlhpc import cli
+from mlhpc.staging import parallel
+from mlhpc.staging.engine import demand_copies
+real, read = parallel.copy_once, []
+def slow(src, dest, entry, options, by, *rest):
+    while not read:
+        if demand_copies(options.claims) > 4:
+            read.append(True)
+        time.sleep(0.01)
+    time.sleep(0.3)
+    return real(src, dest, entry, options, by, *rest)
+parallel.copy_once = slow
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("staging", ["inside", "overlap"])
 def test_a_node_killed_mid_training_stops_the_run_and_resume_finishes_it(
-    cluster: VCluster, cosmo_data: Path, work: Path
+    cluster: VCluster, cosmo_data: Path, work: Path, staging: str
 ) -> None:
     """A 2-node DDP run of the CosmoFlow mini under srun; at epoch 2 every mlhpc process on
     node02 gets SIGKILL. Expected: node01's all-reduce fails at once (its socket to node02
     closes), it looks who still answers and stops with node02's name and "--resume"; the run's
     log is discarded, so nothing counts as a result. Bound: KILLED_BOUND_S (33.5 s) after the
-    kill. `--resume`, launched the same way, trains the run to the end."""
+    kill. `--resume`, launched the same way, trains the run to the end. With --staging overlap
+    the node dies mid-staging too (slowed), and the staging thread stops with the run."""
     set_rates(cluster, dict.fromkeys(cluster.nodes, None))
     data = work / "cosmo"
     shutil.copytree(cosmo_data, data)
     runs = work / "runs"
+    command = ["mlhpc"] if staging == "inside" else [sys.executable, "-c", SLOW_STAGING_RUN]
     argv = [
-        "mlhpc", "run", "cosmoflow", "--config", "mini", "--seeds", "1", "--first-seed", "7",
+        *command, "run", "cosmoflow", "--config", "mini", "--seeds", "1", "--first-seed", "7",
         "--out", str(runs), "--data", str(data), "--local-dir", "/local/train-faults",
         "--system", "vc2", "--no-check", "data.num_train_samples=32", "data.num_eval_samples=8",
-        "loop.mode=fixed_epochs", "loop.max_epochs=16",
+        "loop.mode=fixed_epochs", "loop.max_epochs=16", "--staging", staging,
     ]  # fmt: skip
     out = work / "out"
     job = srun(cluster, ["node01", "node02"], argv, out)
@@ -483,6 +507,8 @@ def test_a_node_killed_mid_training_stops_the_run_and_resume_finishes_it(
     results = runs / "mlhpc" / "results" / "vc2" / "strong" / "cosmoflow"
     assert list(results.glob("result_*.txt")) == []  # nothing counts as a result
     nothing_left(cluster, str(runs), [runs])
+    if staging == "overlap":  # it died mid-staging: nothing marked staged on node01
+        assert not list((node_root(cluster, "node01") / "local" / "train-faults").rglob(STAGED_MARKER))
     # --resume, launched the same way, trains the run to the end
     code, text = finish(srun(cluster, ["node01", "node02"], [*argv, "--resume"], work / "resume"))
     assert code == 0, text
