@@ -60,7 +60,7 @@ class BackgroundStaging(Protocol):
         ...
 
     def stop(self) -> None:
-        """Stop it (training ended early or failed); returns once its copies stopped."""
+        """Stop it (training ended early or failed): its copies stop at their next slice."""
         ...
 
     @property
@@ -226,14 +226,16 @@ def first_reads(loaders: DataBundle, ctx: DistContext) -> list[list[str]] | None
 def _overlap_figures(
     background: BackgroundStaging, waited_s: float, ctx: DistContext
 ) -> dict[str, float | int]:
-    """How much of the staging training hid, and the files read from the source for training
-    (each node counted once, by its first rank)."""
+    """How the staging and the training overlapped: the staging's seconds, those it ran beside
+    training, those training waited for it at the end, and the files read from the source for
+    training (each node counted once, by its first rank). What the overlap cost training shows
+    in its own phases (data_wait: the reads for training; the compute, sharing the CPUs)."""
     mine = background.demand_copies() if ctx.local_rank == 0 else 0
     demand = int(ctx.all_reduce_sum(torch.tensor([float(mine)])).item())
     staging_s = background.seconds()
     return {
         "staging_s": staging_s,
-        "hidden_s": max(0.0, staging_s - waited_s),
+        "overlapped_s": max(0.0, staging_s - waited_s),
         "waited_s": waited_s,
         "files_read_for_training": demand,
     }

@@ -81,8 +81,9 @@ class Breakdown:
     train_samples_seen: int
     """Training samples processed over all ranks and epochs."""
     overlapped_staging: dict[str, float | int] = field(default_factory=dict)
-    """--staging overlap: the staging's seconds, how many of them training hid and how many it
-    waited at the end (the "staging" phase), and the files read from the source for training."""
+    """--staging overlap: the staging's seconds, how many of them ran beside training and how
+    many training waited at the end (the "staging" phase), and the files read from the source for
+    training (`staged._overlap_figures`)."""
     settings: dict[str, Any] = field(default_factory=dict)
     """How the loop ran: device, precision, compile, memory format, loader, accumulation."""
 

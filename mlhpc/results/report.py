@@ -252,15 +252,16 @@ def _gflops(value: float | None) -> str:
 
 
 def overlap_line(figures: list[dict[str, float]], runs: int) -> str:
-    """How much of the staging training hid (--staging overlap), as medians over the runs."""
+    """How the staging overlapped training (--staging overlap), as medians over the runs."""
 
     def median(key: str) -> float:
         return statistics.median(f.get(key, 0.0) for f in figures)
 
     return (
-        f"staging overlapped training ({len(figures)} of {runs} runs, medians): {median('hidden_s'):.1f} s "
-        f"of {median('staging_s'):.1f} s hidden, {median('waited_s'):.1f} s waited for at the end, "
-        f"{median('files_read_for_training'):.0f} files read from the source for training"
+        f"staging overlapped training ({len(figures)} of {runs} runs, medians): {median('overlapped_s'):.1f} s "
+        f"of {median('staging_s'):.1f} s beside training, {median('waited_s'):.1f} s waited for at the end, "
+        f"{median('files_read_for_training'):.0f} files read from the source for training (their wait is "
+        "in data_wait)"
     )
 
 

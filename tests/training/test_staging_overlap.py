@@ -61,7 +61,7 @@ def test_training_is_bitwise_the_synchronous_runs(ranks: int, cosmo_data: Path, 
     assert overlap["snapshots"] == inside["snapshots"]  # every parameter, after every epoch
     # and it was overlapped: training read files staging had not reached
     figures = overlap["overlap"]
-    assert figures["files_read_for_training"] > 0 and figures["hidden_s"] > 0, figures
+    assert figures["files_read_for_training"] > 0 and figures["overlapped_s"] > 0, figures
 
     events = mllog_events(tmp_path / "overlap.txt")
     keys = [e["key"] for e in events]
