@@ -25,7 +25,7 @@ from typing import Protocol
 
 from mlhpc.common.errors import StagingError
 from mlhpc.staging.comm import Communicator, lost_peer, rank_label
-from mlhpc.staging.engine import Partial, Staged, staged_path
+from mlhpc.staging.engine import Partial, Staged, copy_once, staged_path
 from mlhpc.staging.journal import journal
 from mlhpc.staging.manifest import FileEntry
 from mlhpc.staging.plan import Exchange, StreamItem
@@ -223,9 +223,18 @@ def _read_header(view: memoryview) -> str:
     return bytes(view[4 : 4 + size]).decode(errors="replace")
 
 
+AHEAD_FILES_PER_THREAD = 4
+"""How far the copies ahead of an overlapped exchange's stream run: files per copying thread."""
+
+
 class FileStreamReader:
     """This node's stream: its files, read in order, chunk after chunk (a file this node holds
-    already is read from its verified copy, not from the source)."""
+    already is read from its verified copy, not from the source).
+
+    While training reads the dataset (--staging overlap, `options.claims`), threads copy the
+    stream's next files into the node-local copy ahead of it, each under its claim
+    (`engine.copy_once`), and the stream is read from those copies: the source is read in
+    parallel, in training's order, once per node, and training finds its files there."""
 
     def __init__(
         self, items: Sequence[StreamItem], src_root: str, dest_root: str, options: CopyOptions
@@ -240,6 +249,8 @@ class FileStreamReader:
         self._left = 0
         self._path = ""
         self._from_dest = False
+        self._ahead: dict[int, Future[bool]] = {}
+        self._pool = ThreadPoolExecutor(max(1, options.threads), "mlhpc-ahead") if options.claims else None
 
     def fill(self, round_index: int, view: memoryview) -> int:
         filled = 0
@@ -264,6 +275,8 @@ class FileStreamReader:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _open_next(self) -> bool:
         while self._index < len(self.items):
@@ -271,8 +284,7 @@ class FileStreamReader:
             self._index += 1
             if item.entry.size == 0:
                 continue
-            # a file training copied on demand (--staging overlap) is read back, not from the source again
-            held = item.from_dest or bool(self.options.claims and self._copied(item.entry.path))
+            held = item.from_dest or self._copied_ahead(self._index - 1)
             where = self.held if held else self.source
             rel = staged_path(item.entry.path, self.options) if held else item.entry.path
             self._path = where.path(rel)
@@ -288,8 +300,24 @@ class FileStreamReader:
             return True
         return False
 
-    def _copied(self, rel: str) -> bool:
-        return os.path.isfile(self.held.path(rel))
+    def _copied_ahead(self, index: int) -> bool:
+        """Whether item `index` is in the node-local copy now (copied ahead, or by training)."""
+        if self._pool is None:
+            return False
+        window = AHEAD_FILES_PER_THREAD * max(1, self.options.threads)
+        for later in range(index, min(len(self.items), index + window)):
+            if later not in self._ahead and not self.items[later].from_dest:
+                self._ahead[later] = self._pool.submit(self._copy, self.items[later].entry)
+        future = self._ahead.pop(index, None)
+        if future is None:
+            return False
+        if future.result():  # its error (a file that fails its checksum) is staging's
+            self.read_bytes += self.items[index].entry.size
+        return True
+
+    def _copy(self, entry: FileEntry) -> bool:
+        """Copy `entry` into the node-local copy unless it is there; True if this read the source."""
+        return copy_once(str(self.source.root), str(self.held.root), entry, self.options, "staging")[1]
 
 
 class StreamSinks:

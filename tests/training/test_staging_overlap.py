@@ -309,3 +309,32 @@ def test_each_node_sends_first_what_it_reads_first() -> None:
     streams = [[item.entry.path for item in stream] for stream in exchange.streams]
     assert streams[0][:3] == ["f07", "f03", "f11"] and streams[1][:2] == ["f00", "f05"]
     assert sorted(p for s in streams for p in s) == [f.path for f in files]  # each file sent once
+
+
+def test_an_overlapped_exchange_stream_reads_ahead_into_the_copy_once(tmp_path: Path) -> None:
+    """The exchange's reader under --staging overlap: the stream's bytes are the source's, its
+    files are copied into the node-local copy ahead of it, and one training already copied is
+    not read from the source again."""
+    from mlhpc.staging.exchange import FileStreamReader
+    from mlhpc.staging.plan import StreamItem
+
+    src, dest, claims = tmp_path / "src", tmp_path / "dest", tmp_path / "claims"
+    manifest = _dataset(src, count=20)
+    dest.mkdir()
+    claims.mkdir()
+    options = CopyOptions(
+        algorithm=manifest.algorithm, run_token="0123456789ab", claims=str(claims), threads=3
+    )
+    entries = [e for e in manifest.files if e.path.startswith("train/")]
+    copy_once(str(src), str(dest), entries[4], options, "demand")  # training was there first
+    reader = FileStreamReader([StreamItem(e) for e in entries], str(src), str(dest), options)
+    out, view = bytearray(), memoryview(bytearray(4096))
+    try:
+        while n := reader.fill(0, view):
+            out += view[:n]
+    finally:
+        reader.close()
+    assert bytes(out) == b"".join((src / e.path).read_bytes() for e in entries)
+    assert all((dest / e.path).read_bytes() == (src / e.path).read_bytes() for e in entries)
+    assert reader.read_bytes == sum(e.size for e in entries) - entries[4].size
+    assert demand_copies(str(claims)) == 1
