@@ -257,10 +257,8 @@ class _SeedRunner:
                     submission=self.submission,
                     stage=lambda: _stage(self.data_dir, stage_dir, ctx, comm, self.opts),
                     staging=self.opts.staging,
-                    start_staging=lambda staged: _Overlapped(
-                        _request(self.data_dir, stage_dir, ctx, self.opts, claims=owned / "claims"),
-                        comm,
-                        staged,
+                    start_staging=overlapped_staging(
+                        _request(self.data_dir, stage_dir, ctx, self.opts, claims=owned / "claims"), comm
                     ),
                     clear_cache=self.opts.clear_cache,
                     progress=self.progress,
