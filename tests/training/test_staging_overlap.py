@@ -104,12 +104,23 @@ def _dataset(root: Path, count: int = 12) -> Manifest:
     return manifest
 
 
-def test_a_file_claimed_by_many_readers_is_copied_once(tmp_path: Path) -> None:
+def _node(
+    tmp_path: Path, count: int = 12, threads: int = 8
+) -> tuple[Path, Path, Path, Manifest, CopyOptions]:
+    """A source of `count` files, an empty node-local copy and claims folder, and the options of
+    an overlapped staging: (src, dest, claims, manifest, options)."""
     src, dest, claims = tmp_path / "src", tmp_path / "dest", tmp_path / "claims"
-    manifest = _dataset(src)
+    manifest = _dataset(src, count)
     dest.mkdir()
     claims.mkdir()
-    options = CopyOptions(algorithm=manifest.algorithm, run_token="0123456789ab", claims=str(claims))
+    options = CopyOptions(
+        algorithm=manifest.algorithm, run_token="0123456789ab", claims=str(claims), threads=threads
+    )
+    return src, dest, claims, manifest, options
+
+
+def test_a_file_claimed_by_many_readers_is_copied_once(tmp_path: Path) -> None:
+    src, dest, claims, manifest, options = _node(tmp_path)
     entry = manifest.files[0]
     made: list[bool] = []
 
@@ -132,11 +143,7 @@ def test_a_file_claimed_by_many_readers_is_copied_once(tmp_path: Path) -> None:
 
 
 def test_the_loaders_read_the_local_copy_and_nothing_else(tmp_path: Path) -> None:
-    src, dest, claims = tmp_path / "src", tmp_path / "dest", tmp_path / "claims"
-    manifest = _dataset(src)
-    dest.mkdir()
-    claims.mkdir()
-    options = CopyOptions(algorithm=manifest.algorithm, run_token="0123456789ab", claims=str(claims))
+    src, dest, claims, manifest, options = _node(tmp_path)
     copy = NodeCopy(str(src), str(dest), {e.path: e for e in manifest.files}, options)
     first = manifest.files[3].path
     assert copy.local_path(str(src / first)) == str(dest / first)
@@ -150,15 +157,11 @@ def test_the_loaders_read_the_local_copy_and_nothing_else(tmp_path: Path) -> Non
 def test_a_source_file_that_fails_its_checksum_is_one_line_naming_it(tmp_path: Path) -> None:
     from mlhpc.common.errors import StagingError
 
-    src, dest, claims = tmp_path / "src", tmp_path / "dest", tmp_path / "claims"
-    manifest = _dataset(src)
-    dest.mkdir()
-    claims.mkdir()
+    src, dest, _, manifest, options = _node(tmp_path)
     bad = manifest.files[5]
     data = bytearray((src / bad.path).read_bytes())
     data[100] ^= 0xFF
     (src / bad.path).write_bytes(bytes(data))
-    options = CopyOptions(algorithm=manifest.algorithm, run_token="0123456789ab", claims=str(claims))
     copy = NodeCopy(str(src), str(dest), {e.path: e for e in manifest.files}, options)
     with pytest.raises(StagingError) as caught:
         copy.local_path(str(src / bad.path))
@@ -318,13 +321,7 @@ def test_an_overlapped_exchange_stream_reads_ahead_into_the_copy_once(tmp_path: 
     from mlhpc.staging.exchange import FileStreamReader
     from mlhpc.staging.plan import StreamItem
 
-    src, dest, claims = tmp_path / "src", tmp_path / "dest", tmp_path / "claims"
-    manifest = _dataset(src, count=20)
-    dest.mkdir()
-    claims.mkdir()
-    options = CopyOptions(
-        algorithm=manifest.algorithm, run_token="0123456789ab", claims=str(claims), threads=3
-    )
+    src, dest, claims, manifest, options = _node(tmp_path, count=20, threads=3)
     entries = [e for e in manifest.files if e.path.startswith("train/")]
     copy_once(str(src), str(dest), entries[4], options, "demand")  # training was there first
     reader = FileStreamReader([StreamItem(e) for e in entries], str(src), str(dest), options)
