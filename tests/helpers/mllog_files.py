@@ -107,7 +107,13 @@ def official_compliance(
 ) -> subprocess.CompletedProcess[str]:
     """The official checker as its README runs it (HPC usage); `rules` is our own rule file for a
     benchmark mlperf_logging has none for (the engine needs it as an absolute path)."""
-    scratch = Path(tempfile.mkdtemp(prefix="compliance-"))  # its log goes here, not beside the result
+    with tempfile.TemporaryDirectory(prefix="compliance-") as scratch:  # its log, not beside the result
+        return _run_official(log, ruleset, rules, Path(scratch))
+
+
+def _run_official(
+    log: Path, ruleset: str, rules: Path | None, scratch: Path
+) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable,
         "-m",
