@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from mlhpc.common.cluster.allocator import keep_freed_memory
 from mlhpc.common.cluster.group import join_group
 from mlhpc.common.cluster.launch import LaunchInfo, NodeLayout, detect_launch, node_layout, uniform_layout
 from mlhpc.common.cluster.threads import ThreadChoice, configure_threads
@@ -45,6 +46,8 @@ class DistContext:
     """Which ranks share a node, from their host names (None: not gathered; see `node_layout`)."""
     threads: ThreadChoice | None = None
     """The CPU threads this rank's torch runs with, and why (common/cluster/threads)."""
+    allocator: str | None = None
+    """How this rank's host memory allocator treats freed memory, on a CPU (common/cluster/allocator)."""
     _hvd: Any = field(default=None, repr=False)
 
     @property
@@ -169,6 +172,8 @@ class DistContext:
             group=group,
             instance=instance if instances > 1 else None,
             layout=layout,
+            threads=self.threads,
+            allocator=self.allocator,
         )
 
     def wrap_optimizer(
@@ -226,6 +231,8 @@ def init_distributed(
         backend=chosen if launch.world_size > 1 else "none",
         launcher=launch.launcher,
     )
+    if torch_device.type == "cpu":
+        context.allocator = keep_freed_memory()
     if launch.world_size == 1:
         context.threads = configure_threads(ranks_on_node=1)
         return context
@@ -296,5 +303,6 @@ def _init_horovod(device: str) -> DistContext:
         backend="horovod",
         launcher="horovod",
         threads=configure_threads(ranks_on_node=hvd.local_size()),
+        allocator=keep_freed_memory() if torch_device.type == "cpu" else None,
         _hvd=hvd,
     )

@@ -68,6 +68,8 @@ class BenchmarkInfo:
     when None); e.g. open where the closed rules fix the real dataset's sample counts."""
     memory_format: MemoryFormat = "contiguous"
     """The layout the model runs fastest in on a GPU (loop.memory_format=auto picks it there)."""
+    cpu_memory_format: MemoryFormat = "contiguous"
+    """The layout it runs fastest in on a CPU, through oneDNN (loop.memory_format=auto there)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):

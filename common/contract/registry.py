@@ -107,6 +107,10 @@ class Benchmark(BenchmarkFunctions):
     def memory_format(self) -> MemoryFormat:
         return self.info.memory_format
 
+    @property
+    def cpu_memory_format(self) -> MemoryFormat:
+        return self.info.cpu_memory_format
+
     def config_path(self, name_or_path: str) -> Path:
         """'mini' / 'full' name a packaged config; anything else is a path to a YAML file."""
         return self.info.config_path(name_or_path)

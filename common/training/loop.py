@@ -288,10 +288,12 @@ def _breakdown(
 
 
 def resolve_memory_format(loop: LoopConfig, bench: Benchmark, device: torch.device) -> str:
-    """loop.memory_format, with auto meaning the benchmark's GPU layout on a GPU, contiguous elsewhere."""
+    """loop.memory_format, with auto meaning the benchmark's layout for the device: its GPU layout on
+    a GPU, its CPU layout on a CPU, contiguous elsewhere."""
     if loop.memory_format != "auto":
         return loop.memory_format
-    return bench.memory_format if device.type == "cuda" else "contiguous"
+    by_device = {"cuda": bench.memory_format, "cpu": bench.cpu_memory_format}
+    return by_device.get(device.type, "contiguous")
 
 
 def init_events(

@@ -37,8 +37,8 @@ class LoopConfig:
     compile: bool = False
     """torch.compile the model (in place, before the data-parallel wrapper)."""
     memory_format: MemoryFormat = "auto"
-    """auto: the benchmark's preferred layout on a GPU (channels_last_3d for CosmoFlow), contiguous
-    on a CPU; or force one."""
+    """auto: the benchmark's preferred layout for the device (channels_last_3d for CosmoFlow on a GPU
+    and on a CPU); or force one."""
     finite_check_interval: int = 0
     """The loss is checked for NaN/inf on the device at every step, and the ranks agree on it (one
     host sync and one collective) every this many steps and at the end of each epoch (0: at the end

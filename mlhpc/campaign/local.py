@@ -290,7 +290,13 @@ class _SeedRunner:
         )
         if self.ctx.is_main and result.breakdown is not None:
             threads = self.ctx.threads.as_record() if self.ctx.threads else None
-            record = {"result": str(log), "seed": seed, **result.breakdown.to_dict(), "threads": threads}
+            record = {
+                "result": str(log),
+                "seed": seed,
+                **result.breakdown.to_dict(),
+                "threads": threads,
+                "allocator": self.ctx.allocator,
+            }
             atomic_write_json(self.plan.breakdown_path(index), record)
 
 

@@ -215,13 +215,17 @@ def test_compiled_model_trains_and_counts_flops(ctx: DistContext) -> None:
     assert result.breakdown is not None and result.breakdown.settings["compile"] is True
 
 
-def test_memory_format_follows_the_benchmark_on_a_gpu_only() -> None:
+def test_memory_format_follows_the_benchmark_and_the_device() -> None:
     loop = make_config().loop
-    cosmoflow = registry.get("cosmoflow")
-    assert resolve_memory_format(loop, cosmoflow, torch.device("cpu")) == "contiguous"
+    cosmoflow, deepcam = registry.get("cosmoflow"), registry.get("deepcam")
+    assert resolve_memory_format(loop, cosmoflow, torch.device("cpu")) == "channels_last_3d"
     assert resolve_memory_format(loop, cosmoflow, torch.device("cuda")) == "channels_last_3d"
+    assert resolve_memory_format(loop, deepcam, torch.device("cpu")) == "contiguous"
+    assert resolve_memory_format(loop, deepcam, torch.device("cuda")) == "channels_last"
+    assert resolve_memory_format(loop, cosmoflow, torch.device("meta")) == "contiguous"
     forced = dataclasses.replace(loop, memory_format="contiguous")
     assert resolve_memory_format(forced, cosmoflow, torch.device("cuda")) == "contiguous"
+    assert resolve_memory_format(forced, cosmoflow, torch.device("cpu")) == "contiguous"
     cube, target = to_device(
         (torch.zeros(2, 4, 3, 3, 3), torch.zeros(2, 4)), torch.device("cpu"), "channels_last_3d"
     )
