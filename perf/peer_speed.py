@@ -124,7 +124,9 @@ def tree_cpu_seconds(root: int) -> float:
     return total / ticks
 
 
-def run_sampled(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> list[tuple[float, float]]:
+def run_sampled(
+    command: list[str], cwd: Path, env: dict[str, str], log: Path, ok: tuple[int, ...] = (0,)
+) -> list[tuple[float, float]]:
     """Run a command to the end, its output to `log`; (unix time, tree CPU-seconds) samples."""
     samples: list[tuple[float, float]] = []
     with log.open("w") as out:
@@ -142,7 +144,7 @@ def run_sampled(command: list[str], cwd: Path, env: dict[str, str], log: Path) -
         code = proc.wait()
         done.set()
         sampler.join()
-    if code != 0:
+    if code not in ok:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise SystemExit(f"{' '.join(command[:4])} ... exited {code}; the end of {log}:\n{tail}")
     return samples
@@ -191,12 +193,16 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     if not (npy / "mlhpc_manifest.json").is_file():
         subprocess.run(
             [sys.executable, "-m", "mlhpc", "generate", "cosmoflow", "--config", "full", "--out", str(npy),
-             "--samples", str(args.train_samples), "--seed", "1", f"data.num_eval_samples={args.eval_samples}"],
+             "--seed", "1", *sample_counts(args)],
             check=True,
         )
     if not (tfrecord / "validation").is_dir():
         subprocess.run([args.tf_python, "-c", TO_TFRECORD, str(npy), str(tfrecord)], check=True)
     return npy, tfrecord
+
+
+def sample_counts(args: argparse.Namespace) -> list[str]:
+    return [f"data.num_train_samples={args.train_samples}", f"data.num_eval_samples={args.eval_samples}"]
 
 
 def threads_env(threads: int) -> dict[str, str]:
@@ -232,10 +238,11 @@ def run_mlhpc(args: argparse.Namespace, npy: Path, threads: int, out: Path) -> l
         sys.executable, "-m", "mlhpc", "run", "cosmoflow", "--config", "full", "--data", str(npy),
         "--out", str(out / "submission"), "--local-dir", str(out / "local"), "--staging", "before",
         "--seeds", "1", "--first-seed", "1", "--division", "open", "--no-check", "--device", "cpu",
-        f"loop.global_batch_size={BATCH}", f"loop.max_epochs={args.epochs}", "loop.target=1e-9",
-        f"data.num_train_samples={args.train_samples}", f"data.num_eval_samples={args.eval_samples}",
+        f"loop.global_batch_size={BATCH}", f"loop.max_epochs={args.epochs}", "loop.target=0.0001",
+        *sample_counts(args),
     ]  # fmt: skip
-    samples = run_sampled(command, REPO, env, out / "output.log")
+    # It exits 2 when the seed does not reach its target: here the target is out of reach on purpose.
+    samples = run_sampled(command, REPO, env, out / "output.log", ok=(0, 2))
     (log,) = (out / "submission").glob("mlhpc/results/*/strong/cosmoflow/result_0.txt")
     return training_spans(log, samples, args.train_samples)
 
