@@ -239,7 +239,7 @@ def run_mlhpc(args: argparse.Namespace, npy: Path, threads: int, out: Path) -> l
         "--out", str(out / "submission"), "--local-dir", str(out / "local"), "--staging", "before",
         "--seeds", "1", "--first-seed", "1", "--division", "open", "--no-check", "--device", "cpu",
         f"loop.global_batch_size={BATCH}", f"loop.max_epochs={args.epochs}", "loop.target=0.0001",
-        *sample_counts(args),
+        *sample_counts(args), *args.mlhpc_set,
     ]  # fmt: skip
     # It exits 2 when the seed does not reach its target: here the target is out of reach on purpose.
     samples = run_sampled(command, REPO, env, out / "output.log", ok=(0, 2))
@@ -266,6 +266,9 @@ def main() -> None:
     parser.add_argument("--train-samples", type=int, default=8, help="samples per epoch (a multiple of 4)")
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per run; the first is left out")
+    parser.add_argument(
+        "--mlhpc-set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for mlhpc's side"
+    )
     parser.add_argument("--work", type=Path, default=None, help="where the samples and runs go")
     parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     args = parser.parse_args()
@@ -279,7 +282,8 @@ def main() -> None:
     check_space(work, 3 * runs_bytes * (1 + len(args.threads) * args.repeats))  # npy, tfrecord, staged
     npy, tfrecord = prepare(args, work)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    print(f"mlhpc {commit.stdout.strip()}, reference {args.hpc}, {os.cpu_count()} CPUs, work {work}")
+    settings = " ".join(args.mlhpc_set) or "the full config as it is"
+    print(f"mlhpc {commit.stdout.strip()} ({settings}), reference {args.hpc}, {os.cpu_count()} CPUs, work {work}")
     figures: list[dict] = []
     for threads in args.threads:
         for repeat in range(args.repeats):
