@@ -50,10 +50,9 @@ class CosmoFlowNet(nn.Module):
 
     bias_after_convolution: bool | None = None
     """Add each convolution's bias in a pass of its own (True) or inside the convolution (False);
-    None: after it on a CPU, inside it elsewhere. oneDNN's backward-weights pass computes the bias
-    gradient inside the convolution about 2.6x slower than the convolution itself (3.6 s against
-    1.0 s for the first layer at batch 4, one thread; perf/RESULTS.md, "CosmoFlow against the
-    TensorFlow reference"), where cuDNN fuses the bias for free."""
+    None: after it on a CPU, inside it elsewhere. With the bias inside, oneDNN's backward-weights
+    pass of the first layer took 3.6 s at batch 4 on one thread, against 1.2 s in TensorFlow, which
+    computes the bias gradient on its own (perf/RESULTS.md, 2026-11-29); cuDNN fuses it for free."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias_after = self.bias_after_convolution
