@@ -16,7 +16,6 @@ tcmalloc, mimalloc in `LD_PRELOAD`) is left alone.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Mapping
 
@@ -67,11 +66,9 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> str:
 
 
 def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    # The C library Python itself runs on: no library search (find_library runs ldconfig).
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 - only glibc has it (musl does not)
     except (OSError, AttributeError):
         return None
