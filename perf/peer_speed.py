@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlhpc.submission_checker.logparse import TOKEN, decode_mllog
+
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 4
 SAMPLE_BYTES = 128**3 * 4 * 2  # one full-size int16 cube
@@ -159,10 +161,14 @@ def cpu_at(samples: list[tuple[float, float]], when: float) -> float:
 
 
 def mllog_events(path: Path) -> list[dict]:
+    """The log's MLLOG records, decoded and checked by the submission checker's own decoder."""
     events = []
-    for line in path.read_text(errors="replace").splitlines():
-        if ":::MLLOG" in line:
-            events.append(json.loads(line.split(":::MLLOG", 1)[1]))
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if TOKEN in line:
+            try:
+                events.append(decode_mllog(line))
+            except ValueError as e:
+                raise SystemExit(f"{path}, line {number}: {e}") from None
     return events
 
 
