@@ -184,13 +184,45 @@ class DistContext:
         if self._hvd is None or not self.distributed:
             return optimizer
         hvd = self._hvd
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        _broadcast_model(hvd, model)
+        # The whole state as one object: its tensors may be channels-last (an optimizer's state
+        # follows its parameter's layout), which Horovod's tensor broadcast refuses.
+        state = hvd.broadcast_object(optimizer.state_dict(), root_rank=0, name="optimizer_state")
+        if self.rank != 0:
+            optimizer.load_state_dict(state)
         return hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
             backward_passes_per_step=backward_passes_per_step,
+            compression=_ContiguousGradients,
         )
+
+
+class _ContiguousGradients:
+    """Horovod's compression seam, used to hand its all-reduce contiguous gradients: a
+    channels-last parameter's gradient is channels-last, and Horovod's collectives take only
+    contiguous tensors. The reduced copy becomes the gradient (Horovod sets it back with
+    `p.grad.set_`); a contiguous gradient passes through without a copy."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return tensor.contiguous(), None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: None) -> torch.Tensor:
+        return tensor
+
+
+def _broadcast_model(hvd: Any, model: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers to every rank. A channels-last tensor goes through a
+    contiguous copy, copied back after (Horovod's broadcast takes only contiguous tensors)."""
+    tensors = model.state_dict()
+    copies = {name: tensor.contiguous() for name, tensor in tensors.items()}
+    hvd.broadcast_parameters(copies, root_rank=0)
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if copies[name] is not tensor:
+                tensor.copy_(copies[name])
 
 
 def average_batchnorm_statistics(model: torch.nn.Module, ctx: DistContext) -> None:

@@ -231,6 +231,70 @@ def test_fp16_ranks_all_reduce_to_equal_parameters(
     assert next(e for e in events if e["key"] == "run_stop")["metadata"]["status"] == "success"
 
 
+# A channels-last model (CosmoFlow's and DeepCAM's layout) with a stateful optimizer: Horovod's
+# collectives take only contiguous tensors, and such a model's parameters, gradients and Adam
+# state are all channels-last. Each rank starts from its own parameters and rank 0 alone has
+# optimizer state, as after a resume; the ranks then train on different batches.
+CHANNELS_LAST_RANK = """
+import hashlib, json, sys
+import torch
+from mlhpc.common.cluster.distributed import init_distributed
+
+out = sys.argv[1]
+ctx = init_distributed("horovod", "cpu")
+torch.manual_seed(ctx.rank)
+model = torch.nn.Sequential(torch.nn.Conv3d(2, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(1))
+model(torch.zeros(1, 2, 5, 5, 5))
+model = model.to(memory_format=torch.channels_last_3d)
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+def step(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 2, 5, 5, 5, generator=g).contiguous(memory_format=torch.channels_last_3d)
+    optimizer.zero_grad()
+    model(x).square().mean().backward()
+    optimizer.step()
+
+def digest(tensors):
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+def state():
+    return [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+
+if ctx.rank == 0:
+    step(100)
+layouts = [p.is_contiguous() for p in model.parameters()] + [t.is_contiguous() for t in state()]
+optimizer = ctx.wrap_optimizer(optimizer, model)
+synced = dict(params=digest(model.parameters()), state=digest(state()))
+step(200 + ctx.rank)
+json.dump(dict(synced, layouts=layouts, final=digest(model.parameters()),
+               weight=model[0].weight.is_contiguous(memory_format=torch.channels_last_3d)),
+          open(f"{out}/rank{ctx.rank}.json", "w"))
+"""
+
+
+def test_channels_last_model_and_optimizer_state_broadcast_and_all_reduce(
+    horovod: dict[str, bool], tmp_path: Path
+) -> None:
+    """Rank 0's channels-last parameters and Adam state reach rank 1, the channels-last gradients
+    are all-reduced (equal parameters after a step on different batches), and the model keeps
+    its layout."""
+    script = tmp_path / "channels_last_rank.py"
+    script.write_text(CHANNELS_LAST_RANK)
+    proc = run(horovodrun(PYTHON, str(script), str(tmp_path)), cli_env(OMP_NUM_THREADS="1"), tmp_path)
+    assert proc.returncode == 0, output(proc)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert False in ranks[0]["layouts"], "the test model has no non-contiguous tensor to send"
+    assert ranks[0]["params"] == ranks[1]["params"], "rank 0's parameters did not reach rank 1"
+    assert ranks[0]["state"] == ranks[1]["state"], "rank 0's optimizer state did not reach rank 1"
+    assert ranks[0]["final"] == ranks[1]["final"], "the ranks' parameters differ: no gradient all-reduce"
+    assert ranks[0]["final"] != ranks[0]["params"]
+    assert ranks[0]["weight"] and ranks[1]["weight"], "the model lost its channels-last layout"
+
+
 def test_mpirun_starts_horovod_ranks(horovod: dict[str, bool], tiny_data: Path, tmp_path: Path) -> None:
     """Open MPI's mpirun, not horovodrun: Horovod's MPI controller; no ssh, no rendezvous server."""
     if shutil.which("mpirun") is None:
