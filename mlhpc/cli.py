@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from mlhpc import __version__
 from mlhpc.commands import (
     OneLineParser,
+    characterize,
     check,
     doctor,
     generate,
@@ -43,6 +44,7 @@ COMMANDS = (
     check,
     variability,
     report,
+    characterize,
     results,
 )
 

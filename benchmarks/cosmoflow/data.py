@@ -81,6 +81,13 @@ def generate(cfg: CosmoFlowConfig, out_dir: Path, num_samples: int | None = None
     return out_dir
 
 
+def sample_bytes(cfg: CosmoFlowConfig) -> int:
+    """Bytes of one sample on disk: its int16 (S, S, S, C) counts and 4 float32 targets, the two
+    .npy files' payload (each file adds a 128-byte header)."""
+    cube = cfg.data.sample_size**3 * cfg.data.num_channels * DATA_DTYPE.itemsize
+    return cube + NUM_TARGETS * LABEL_DTYPE.itemsize
+
+
 def _save_npy(path: Path, array: np.ndarray) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as handle:

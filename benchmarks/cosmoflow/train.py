@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mlhpc.benchmarks.cosmoflow.config import CosmoFlowConfig
+from mlhpc.benchmarks.cosmoflow.model import NUM_TARGETS
 from mlhpc.common.cluster.distributed import DistContext
 
 
@@ -125,6 +126,15 @@ def lr_scheduler(
 def compute_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     cube, target = batch
     return F.mse_loss(model(cube).float(), target)
+
+
+def example_batch(
+    cfg: CosmoFlowConfig, batch_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cube, target) as the loader gives them: channels-first float32 cubes and 4 targets."""
+    size = cfg.data.sample_size
+    cube = torch.rand(batch_size, cfg.data.num_channels, size, size, size, device=device)
+    return cube, torch.rand(batch_size, NUM_TARGETS, device=device) * 2 - 1
 
 
 def hyperparameters(cfg: CosmoFlowConfig, ctx: DistContext) -> dict[str, Any]:

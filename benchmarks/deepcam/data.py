@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from mlhpc.benchmarks.deepcam.config import DeepCamConfig
 from mlhpc.benchmarks.deepcam.model import NUM_CLASSES
-from mlhpc.benchmarks.deepcam.synthetic import write_dataset
+from mlhpc.benchmarks.deepcam.synthetic import FIELD_DTYPE, LABEL_DTYPE, write_dataset
 from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.contract.data_kinds import hint as layout_hint
 from mlhpc.common.contract.registry import DataBundle
@@ -52,6 +52,14 @@ def generate(cfg: DeepCamConfig, out_dir: Path, num_samples: int | None = None, 
         file_format=cfg.data.format,
         seed=seed,
     )
+
+
+def sample_bytes(cfg: DeepCamConfig) -> int:
+    """Bytes of one sample on disk: its float32 (H, W, C) fields and int32 (H, W) class map, the
+    payload of one HDF5 file (format=hdf5, a few KiB of metadata besides) or two .npy files (numpy,
+    128-byte headers besides); stats.h5 is per dataset, not per sample."""
+    pixels = cfg.data.height * cfg.data.width
+    return pixels * (cfg.data.num_channels * FIELD_DTYPE.itemsize + LABEL_DTYPE.itemsize)
 
 
 # ---------------------------------------------------------------- files and their checks

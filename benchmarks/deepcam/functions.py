@@ -14,4 +14,6 @@ FUNCTIONS = BenchmarkFunctions(
     compute_loss=train.compute_loss,
     evaluate=data.evaluate,
     hyperparameters=train.hyperparameters,
+    example_batch=train.example_batch,
+    sample_bytes=data.sample_bytes,
 )

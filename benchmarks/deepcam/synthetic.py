@@ -57,6 +57,9 @@ RIVER_HALF_WIDTH = (0.07, 0.11)
 # costs 0.13-0.15 (the mean over samples of a class's IoU after a one-pixel erosion).
 STRUCTURE_THRESHOLD = 0.5
 HALF = np.log(2.0)  # profiles exp(-HALF (d / radius)^2) cross one half at d = radius
+FIELD_DTYPE = np.dtype("<f4")
+LABEL_DTYPE = np.dtype("<i4")
+"""The dtypes of the fields and the class map as written (the reference's float32 fields)."""
 
 
 def synthesize_sample(
@@ -88,7 +91,7 @@ def synthesize_sample(
     centre = y0 + slope * (x - x0) + amp * np.sin(2 * np.pi * x / wavelength + phase)
     along = np.clip(np.minimum(x - x0, x1 - x) / half_width, None, 0.0)  # 0 inside [x0, x1]
     river = np.exp(-HALF * (((y - centre) / half_width) ** 2 + along**2))
-    label = np.zeros((height, width), np.int32)
+    label = np.zeros((height, width), LABEL_DTYPE)
     label[river > STRUCTURE_THRESHOLD] = 2
     label[cyclone > STRUCTURE_THRESHOLD] = 1
     latitude = np.cos(np.pi * (y / (height - 1) - 0.5))  # warm, moist tropics in the middle rows
@@ -98,7 +101,7 @@ def synthesize_sample(
     anomaly = structures @ loadings.T + NOISE * noise + 0.5 * latitude[..., None]
     offsets = np.array([CHANNELS[c % len(CHANNELS)][1] for c in range(channels)], np.float32)
     scales = np.array([CHANNELS[c % len(CHANNELS)][2] for c in range(channels)], np.float32)
-    return (offsets + scales * anomaly).astype(np.float32), label
+    return (offsets + scales * anomaly).astype(FIELD_DTYPE), label
 
 
 def _smooth_noise(rng: np.random.Generator, height: int, width: int, channels: int) -> np.ndarray:

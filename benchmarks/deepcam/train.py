@@ -68,6 +68,16 @@ def compute_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor
     return F.cross_entropy(model(fields).float(), label, weight=weight, reduction="none").mean()
 
 
+def example_batch(
+    cfg: DeepCamConfig, batch_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fields, label) as the loader gives them: normalised channels-first float32 fields in [0, 1]
+    and an int64 class map (all background: any valid class id will do)."""
+    d = cfg.data
+    fields = torch.rand(batch_size, d.num_channels, d.height, d.width, device=device)
+    return fields, torch.zeros(batch_size, d.height, d.width, dtype=torch.int64, device=device)
+
+
 def hyperparameters(cfg: DeepCamConfig, ctx: DistContext) -> dict[str, Any]:
     """The keys hpc_<ruleset>/closed_deepcam*.yaml require, with their values."""
     opt = cfg.optimizer

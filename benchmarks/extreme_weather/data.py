@@ -36,6 +36,9 @@ BOXES = "boxes"
 STATS_FILE = "stats.h5"
 FILE_GLOB = "climo_*.h5"
 FIRST_YEAR = 1979
+IMAGE_DTYPE = np.dtype("<f4")
+BOX_DTYPE = np.dtype("<i4")
+"""The dtypes of `images` and `boxes` as the generator writes them."""
 # Without stats.h5, the channel statistics come from at most this many training snapshots.
 STATS_SAMPLE_IMAGES = 64
 
@@ -67,6 +70,15 @@ def generate(cfg: ExtremeWeatherConfig, out_dir: Path, num_samples: int | None =
     return out_dir
 
 
+def sample_bytes(cfg: ExtremeWeatherConfig) -> int:
+    """Bytes of one snapshot on disk: its float32 (C, H, W) image and its int32 (max_boxes, 5) box
+    rows, the payload inside a year file of `samples_per_file` snapshots (the file's HDF5
+    metadata and chunk index, a few KiB a file, aside)."""
+    d = cfg.data
+    image = d.num_channels * d.height * d.width * IMAGE_DTYPE.itemsize
+    return image + d.max_boxes * 5 * BOX_DTYPE.itemsize
+
+
 def _write_year(path: Path, rng: np.random.Generator, count: int, cfg: ExtremeWeatherConfig) -> None:
     d = cfg.data
     tmp = path.with_name(f".{path.name}.tmp")
@@ -74,10 +86,10 @@ def _write_year(path: Path, rng: np.random.Generator, count: int, cfg: ExtremeWe
         images = h5.create_dataset(
             IMAGES,
             (count, d.num_channels, d.height, d.width),
-            dtype="f4",
+            dtype=IMAGE_DTYPE,
             chunks=(1, d.num_channels, d.height, d.width),
         )
-        boxes = np.empty((count, d.max_boxes, 5), dtype=np.int32)
+        boxes = np.empty((count, d.max_boxes, 5), dtype=BOX_DTYPE)
         for i in range(count):
             image, boxes[i] = synthetic.snapshot(rng, d.height, d.width, d.max_boxes)
             images[i] = _channels(image, d.num_channels)

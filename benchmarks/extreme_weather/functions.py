@@ -14,4 +14,6 @@ FUNCTIONS = BenchmarkFunctions(
     evaluate=evaluation.evaluate,
     hyperparameters=train.hyperparameters,
     run_end_events=train.run_end_events,
+    example_batch=train.example_batch,
+    sample_bytes=data.sample_bytes,
 )

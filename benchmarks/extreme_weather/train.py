@@ -74,6 +74,25 @@ def compute_loss(
     return torch.stack([v for v in losses.values()]).sum()
 
 
+def example_batch(
+    cfg: ExtremeWeatherConfig, batch_size: int, device: torch.device
+) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+    """(images, targets) as the loader collates them: normalised (C, H, W) float32 snapshots and,
+    per image, one valid box (x1, y1, x2, y2) over the middle quarter, labelled tropical cyclone,
+    so that every detection loss runs."""
+    d = cfg.data
+    images = torch.randn(batch_size, d.num_channels, d.height, d.width, device=device)
+    box = [d.width / 4, d.height / 4, 3 * d.width / 4, 3 * d.height / 4]
+    targets = [
+        {
+            "boxes": torch.tensor([box], dtype=torch.float32, device=device),
+            "labels": torch.tensor([2], dtype=torch.int64, device=device),  # class 1 + 1 (background)
+        }
+        for _ in range(batch_size)
+    ]
+    return images, targets
+
+
 def hyperparameters(cfg: ExtremeWeatherConfig, ctx: DistContext) -> dict[str, Any]:
     """The keys closed_extreme_weather.yaml requires or allows, with their values."""
     opt = cfg.optimizer

@@ -67,6 +67,16 @@ class BenchmarkFunctions:
     """hyperparameters(cfg, ctx) -> {MLLOG key: value} logged before init_stop."""
     run_end_events: Callable[..., dict[str, Any]] | None = None
     """run_end_events(cfg, result: RunResult) -> {MLLOG key: value} logged just before run_stop."""
+    example_batch: Callable[..., Any] | None = None
+    """example_batch(cfg, batch_size, device) -> a batch exactly as compute_loss takes it, at the
+    config's real input size, built on `device` (torch.device("meta") too, where the model runs
+    there); arbitrary but valid values (a detection target holds a box). `mlhpc characterize`
+    needs it for every level that runs the model; without it those levels are skipped."""
+    sample_bytes: Callable[..., int] | None = None
+    """sample_bytes(cfg) -> bytes of one training sample in the dataset's on-disk format as
+    `generate` writes it and the loader reads it (the arrays' payload; file headers aside).
+    `mlhpc characterize` reports the I/O figures (FLOP per stored byte, input bandwidth) from it;
+    without it they are null."""
 
 
 @dataclass(frozen=True, kw_only=True)

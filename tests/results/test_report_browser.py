@@ -12,65 +12,19 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from mlhpc.cli import main
+from tests.helpers.browser import CHROMIUM, measured_layout, png_size, render
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEMSON = ROOT / "tests" / "data" / "hpc_v3.0_openfold" / "Clemson"
 DOCS_IMAGE = ROOT / "docs" / "img" / "check_report.png"
-CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
-
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)"
 )
-
-CONSOLE = re.compile(r":CONSOLE[(:]|Uncaught|Failed to load resource|net::ERR_")
-"""What Chromium writes to stderr (--enable-logging=stderr) for a console message, a script error
-or a resource that would not load; its own start-up noise (D-Bus, GPU, sandbox) never matches."""
-
-
-@dataclass(frozen=True)
-class Rendered:
-    dom: str
-    """The document as the browser holds it after load (--dump-dom)."""
-    console: list[str]
-    """Console messages, script errors and failed loads, one stderr line each."""
-    screenshot: Path
-
-
-def render(page: Path, screenshot: Path, width: int = 1000, height: int = 1560) -> Rendered:
-    """Open `page` in headless Chromium twice: once for the DOM and the console, once for a PNG."""
-    assert CHROMIUM is not None
-    # --no-sandbox: CI runs as root; --disable-dev-shm-usage: containers give /dev/shm 64 MiB.
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
-    common += ["--hide-scrollbars", "--no-first-run"]
-    common += [f"--user-data-dir={screenshot.parent / 'chromium-profile'}", "--virtual-time-budget=3000"]
-    url = page.resolve().as_uri()
-    dumped = subprocess.run(
-        [*common, "--enable-logging=stderr", "--v=0", "--dump-dom", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    subprocess.run(
-        [*common, f"--window-size={width},{height}", f"--screenshot={screenshot}", url],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    console = [line for line in dumped.stderr.splitlines() if CONSOLE.search(line)]
-    return Rendered(dom=dumped.stdout, console=console, screenshot=screenshot)
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    header = path.read_bytes()[:24]
-    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
 
 
 def test_check_report_renders_with_its_plots_and_no_errors(
@@ -121,49 +75,6 @@ def test_a_page_with_a_script_error_is_caught(tmp_path: Path) -> None:
     assert "drawn badly" in text
     assert "Uncaught ReferenceError: undefinedFunction is not defined" in text
     assert "<svg" not in shown.dom and "<p>plot</p>" in shown.dom
-
-
-MEASURE = """<script>
-addEventListener('load', () => {
-  const width = document.documentElement.clientWidth;
-  const over = [...document.querySelectorAll('body *')]
-    .filter(e => !e.closest('.wide') || e.classList.contains('wide'))
-    .filter(e => !(e.ownerSVGElement))  // an SVG's own viewport clips what is drawn in it
-    .filter(e => e.getBoundingClientRect().right > width + 0.5
-      || (!e.classList.contains('wide') && e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0))
-    .map(e => e.tagName + (e.getAttribute('class') ? '.' + e.getAttribute('class') : ''));
-  const out = document.createElement('pre');
-  out.id = 'measured';
-  out.textContent = JSON.stringify({scroll: document.documentElement.scrollWidth, width, over});
-  document.body.appendChild(out);
-});
-</script>"""
-
-
-def measured_layout(page: Path, scratch: Path, width: int = 1200) -> dict:
-    """scrollWidth of the page in a `width` px window, and every element (outside a box that scrolls
-    on its own) whose right edge passes the window: a copy of the page with a measuring script."""
-    assert CHROMIUM is not None
-    copy = scratch / f"measured_{page.parent.name}.html"
-    copy.write_text(
-        page.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"), encoding="utf-8"
-    )
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
-    common += ["--hide-scrollbars", "--no-first-run", f"--user-data-dir={scratch / 'chromium-profile'}"]
-    common += ["--virtual-time-budget=3000", f"--window-size={width},900"]
-    dumped = subprocess.run(
-        [*common, "--dump-dom", copy.resolve().as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    found = re.search(r'<pre id="measured">(.*?)</pre>', dumped.stdout, re.S)
-    assert found is not None, dumped.stdout[-2000:]
-    import html as html_module
-    import json
-
-    return json.loads(html_module.unescape(found.group(1)))
 
 
 def test_check_report_and_compare_page_fit_1200_px(
