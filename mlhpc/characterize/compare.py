@@ -4,17 +4,22 @@ headline figures for A and B and their ratio, and the plots that differ most, on
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mlhpc.characterize.page import PHASE_COLOURS, e, page, seconds, section, si, table
-from mlhpc.characterize.runner import JSON_NAME, SCHEMA
+from mlhpc.characterize.runner import FORMAT, JSON_NAME
 from mlhpc.characterize.svg import figure, svg_text
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.writable import page_kind, refuse_output_over_inputs
 
 COMPARE_PAGE = "compare.html"
+GENERATOR = "mlhpc characterize --compare"
+"""The page's generator tag: an existing compare.html is replaced only when it carries it."""
+OUT_FILES = {COMPARE_PAGE: page_kind(GENERATOR)}
 Figure = tuple[str, Callable[[dict[str, Any]], float | None], Callable[[float | None], str]]
 
 
@@ -120,8 +125,8 @@ def load(path: Path) -> dict[str, Any]:
         report = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ConfigError(f"{file}: not a readable characterize.json ({error}); pass the --out of mlhpc characterize") from None
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
-        raise ConfigError(f"{file}: not written by mlhpc characterize (schema {SCHEMA}); pass a characterize --out")
+    if not isinstance(report, dict) or report.get("format") != FORMAT:
+        raise ConfigError(f"{file}: not written by mlhpc characterize (format {FORMAT}); pass a characterize --out")
     for key in ("benchmark", "config", "system", "analytic"):
         if key not in report:
             raise ConfigError(f"{file}: no {key!r}; rerun mlhpc characterize to write it whole")
@@ -149,11 +154,11 @@ def compare_page(a: dict[str, Any], b: dict[str, Any]) -> str:
             parts.append(section(title, table(("figure", "A", "B", "B / A"), rows), _anchor(title)))
     if "operators" in a and "operators" in b:
         parts.append(section("Where the step goes", _phases_svg(a, b), "phases"))
-    return page(f"{label(a)} against {label(b)}", "".join(parts))
+    return page(f"{label(a)} against {label(b)}", "".join(parts), GENERATOR)
 
 
 def _anchor(title: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in title.lower())
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
 
 
 def _phases_svg(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -173,6 +178,15 @@ def _phases_svg(a: dict[str, Any], b: dict[str, Any]) -> str:
 
 def compare_command(first: Path, second: Path, *, out: Path) -> Path:
     """Write out/compare.html for two characterize outputs; returns the page."""
+    out = refuse_output_over_inputs(out, [first, second], "--out", folder=True, writes=OUT_FILES)
     a, b = load(first), load(second)
+    try:
+        text = compare_page(a, b)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        # Both files passed load(); a figure of the wrong kind deeper in is still outside input.
+        raise ConfigError(
+            f"{first} or {second}: not laid out as mlhpc characterize writes it ({type(error).__name__}: "
+            f"{error}); rerun mlhpc characterize for both"
+        ) from None
     out.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(out / COMPARE_PAGE, compare_page(a, b))
+    return atomic_write_text(out / COMPARE_PAGE, text)

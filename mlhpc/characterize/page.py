@@ -10,6 +10,7 @@ from typing import Any
 from mlhpc.characterize.svg import figure, svg_text
 from mlhpc.common.display.html_words import STYLE as WORDS_STYLE
 from mlhpc.common.display.html_words import keep_words
+from mlhpc.common.safeio.writable import generator_meta
 from mlhpc.submission_checker.html_report import STYLE
 
 PHASE_COLOURS = {"forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c", "other": "#7f7f7f"}
@@ -24,6 +25,8 @@ MEMORY_ORDER = (
     ("uncategorized", "uncategorized"),
 )
 TOP_OPERATORS = 15
+GENERATOR = "mlhpc characterize"
+"""The page's generator tag: an existing characterize.html is replaced only when it carries it."""
 
 
 def e(value: object) -> str:
@@ -75,12 +78,13 @@ def characterize_page(report: dict[str, Any]) -> str:
     for level, render in LEVELS:
         if level in report:
             parts.append(render(report[level]))
-    return page(title, "".join(parts))
+    return page(title, "".join(parts), GENERATOR)
 
 
-def page(title: str, body: str) -> str:
+def page(title: str, body: str, generator: str) -> str:
     return keep_words(
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{generator_meta(generator)}'
+        f"<title>{e(title)}</title>"
         f"<style>{STYLE}{WORDS_STYLE}</style></head><body>{body}</body></html>\n"
     )
 

@@ -19,17 +19,20 @@ import torch
 
 from mlhpc import __version__
 from mlhpc.characterize.bench_workload import BenchWorkload, single_process_context
+from mlhpc.characterize.page import GENERATOR
 from mlhpc.common.cluster.allocator import keep_freed_memory
 from mlhpc.common.cluster.threads import configure_threads
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError
-from mlhpc.common.safeio.fileio import atomic_write_json
+from mlhpc.common.safeio.fileio import atomic_write_json, atomic_write_text
+from mlhpc.common.safeio.writable import json_kind, page_kind, refuse_output_over_inputs
 
-SCHEMA = "mlhpc-characterize/1"
-"""The JSON's format name; `mlhpc characterize --compare` refuses any other."""
+FORMAT = "mlhpc-characterize/1"
+"""The JSON's first key's value; `mlhpc characterize --compare` refuses any other."""
 JSON_NAME = "characterize.json"
 PAGE_NAME = "characterize.html"
+OUT_FILES = {JSON_NAME: json_kind(FORMAT), PAGE_NAME: page_kind(GENERATOR)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +58,9 @@ class CharacterizeOptions:
 
 def characterize(options: CharacterizeOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every level asked for, write the JSON and the page into `options.out`, return the JSON."""
+    # Judged before any work: --out may hold only what characterize writes, and not the --data it reads.
+    out = refuse_output_over_inputs(options.out, [options.data], "--out", folder=True, writes=OUT_FILES)
+    options = dataclasses.replace(options, out=out)
     bench = registry.get(options.benchmark)
     cfg = load_config(bench.config_class, bench.config_path(options.config), list(options.overrides))
     device = _device(options.device)
@@ -62,7 +68,7 @@ def characterize(options: CharacterizeOptions, say: Callable[[str], None] = prin
     threads = configure_threads(ranks_on_node=1)
     allocator = keep_freed_memory() if device.type == "cpu" else None
     report: dict[str, Any] = {
-        "schema": SCHEMA,
+        "format": FORMAT,
         "benchmark": bench.name,
         "config": options.config,
         "overrides": list(options.overrides),
@@ -223,8 +229,6 @@ def write(report: dict[str, Any], out: Path) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / JSON_NAME, report)
-    from mlhpc.common.safeio.fileio import atomic_write_text
-
     return atomic_write_text(out / PAGE_NAME, characterize_page(report))
 
 
