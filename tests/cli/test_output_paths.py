@@ -70,6 +70,8 @@ INPUTS = {
     ("results add", "dirs"),
     ("results list", "--db"),
     ("results compare", "--db"),
+    ("characterize", "--data"),
+    ("characterize", "--compare"),
     ("status", "out"),  # read only: status writes nothing (tests/campaign/test_status.py snapshots it)
 }
 
@@ -145,6 +147,11 @@ def _data_targets(i: Inputs) -> list[Path]:
 
 
 OUTPUTS: dict[tuple[str, str], Case] = {
+    ("characterize", "--out"): Case(
+        lambda i, t: ["characterize", "cosmoflow", "--analytic", "--data", str(i.data), "--out", t],
+        _data_targets,
+        "--out",
+    ),
     ("generate", "--out"): Case(
         lambda i, t: ["generate", "cosmoflow", "--config", str(i.config), "--out", t],
         lambda i: [i.config],
