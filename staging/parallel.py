@@ -12,7 +12,6 @@ prints a traceback or writes on behind a rerun. A file a worker was writing stay
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 
+from mlhpc.common.cluster.termination import die_with_parent
 from mlhpc.common.errors import StagingError
 from mlhpc.staging.engine import Staged, copy_file, copy_once, request_stop, stop_if_asked, withdraw_stop
 from mlhpc.staging.journal import close_journal, journal
@@ -203,21 +203,11 @@ def _start_worker() -> subprocess.Popen[str]:
     )
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel kill this worker when the thread that started it ends (Linux); exit now if
-    the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            pr_set_pdeathsig = 1
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
 
 def main() -> None:
     """A worker: read the job, then for each batch line copy it and answer one line."""
     if len(sys.argv) > 1:
-        _die_with_parent(int(sys.argv[1]))
+        die_with_parent(int(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a worker stops
     try:
         _serve()

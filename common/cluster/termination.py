@@ -162,3 +162,16 @@ def ignore_further_stops() -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in HELD_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
+
+
+def die_with_parent(parent: int) -> None:
+    """In a worker process (a staging copier, a characterize rank): have the kernel kill it when
+    the thread that started it ends (Linux), and exit now if that parent is already gone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)

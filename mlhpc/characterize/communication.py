@@ -10,7 +10,6 @@ a port the kernel picks, as torchrun's agent does: no race with other jobs for a
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import datetime
 import json
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlhpc.common.cluster.termination import die_with_parent
 from mlhpc.common.errors import ConfigError, MlhpcError
 
 if TYPE_CHECKING:  # torch is imported where it runs: the ranks, the store
@@ -351,16 +351,6 @@ def _ddp_of_one(workload: Workload) -> Any:
     return torch.nn.parallel.DistributedDataParallel(workload.model, device_ids=device_ids)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel kill this rank when the caller's thread that started it ends (Linux), as
-    the staging workers do; exit now if the caller is already gone."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            pr_set_pdeathsig = 1
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
 
 def _serve(job: dict[str, Any]) -> dict[str, Any]:
     import torch
@@ -388,7 +378,7 @@ def _serve(job: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     """A rank: read sys.path and the job from stdin, measure, write rank<r>.json in the job's folder."""
     if len(sys.argv) > 1:
-        _die_with_parent(int(sys.argv[1]))
+        die_with_parent(int(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides when a rank stops
     sys.path[:] = pickle.load(sys.stdin.buffer)
     job = pickle.load(sys.stdin.buffer)

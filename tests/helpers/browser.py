@@ -4,11 +4,14 @@ page mlhpc writes (the check report, the compare page, the characterize pages)."
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
 
@@ -77,13 +80,16 @@ addEventListener('load', () => {
 def measured_layout(page: Path, scratch: Path, width: int = 1200) -> dict:
     """scrollWidth of the page in a `width` px window, and every element (outside a box that scrolls
     on its own) whose right edge passes the window: a copy of the page with a measuring script."""
+    return script_result(page, MEASURE, "measured", scratch / f"measured_{page.parent.name}.html", width)
+
+
+def script_result(page: Path, script: str, marker: str, copy: Path, width: int) -> Any:
+    """The JSON that `script`, added to a copy of `page` and run after load in a `width` px window,
+    leaves in `<pre id="{marker}">`."""
     assert CHROMIUM is not None
-    copy = scratch / f"measured_{page.parent.name}.html"
-    copy.write_text(
-        page.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"), encoding="utf-8"
-    )
+    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", script + "</body>"), encoding="utf-8")
     common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
-    common += ["--hide-scrollbars", "--no-first-run", f"--user-data-dir={scratch / 'chromium-profile'}"]
+    common += ["--hide-scrollbars", "--no-first-run", f"--user-data-dir={copy.parent / 'chromium-profile'}"]
     common += ["--virtual-time-budget=3000", f"--window-size={width},900"]
     dumped = subprocess.run(
         [*common, "--dump-dom", copy.resolve().as_uri()],
@@ -92,9 +98,6 @@ def measured_layout(page: Path, scratch: Path, width: int = 1200) -> dict:
         timeout=120,
         check=True,
     )
-    found = re.search(r'<pre id="measured">(.*?)</pre>', dumped.stdout, re.S)
+    found = re.search(rf'<pre id="{marker}">(.*?)</pre>', dumped.stdout, re.S)
     assert found is not None, dumped.stdout[-2000:]
-    import html as html_module
-    import json
-
-    return json.loads(html_module.unescape(found.group(1)))
+    return json.loads(html.unescape(found.group(1)))

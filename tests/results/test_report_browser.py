@@ -9,15 +9,13 @@ writes it there).
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from mlhpc.cli import main
-from tests.helpers.browser import CHROMIUM, measured_layout, png_size, render
+from tests.helpers.browser import CHROMIUM, measured_layout, png_size, render, script_result
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEMSON = ROOT / "tests" / "data" / "hpc_v3.0_openfold" / "Clemson"
@@ -144,25 +142,7 @@ addEventListener('load', () => {
 def broken_tokens(page: Path, scratch: Path, width: int) -> list[str]:
     """Every word or number of a table cell that the browser, in a `width` px window, lays out on
     more than one line (a Range over the token whose client rects have two tops)."""
-    assert CHROMIUM is not None
-    copy = scratch / f"tokens_{page.parent.name}_{width}.html"
-    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", TOKENS + "</body>"), encoding="utf-8")
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
-    common += ["--hide-scrollbars", "--no-first-run", f"--user-data-dir={scratch / 'chromium-profile'}"]
-    common += ["--virtual-time-budget=3000", f"--window-size={width},900"]
-    dumped = subprocess.run(
-        [*common, "--dump-dom", copy.resolve().as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    found = re.search(r'<pre id="broken">(.*?)</pre>', dumped.stdout, re.S)
-    assert found is not None, dumped.stdout[-2000:]
-    import html as html_module
-    import json
-
-    return json.loads(html_module.unescape(found.group(1)))
+    return script_result(page, TOKENS, "broken", scratch / f"tokens_{page.parent.name}_{width}.html", width)
 
 
 def test_the_token_measure_sees_a_broken_word(tmp_path: Path) -> None:
