@@ -10,7 +10,8 @@
 # .whl/ is ignored by git, so it travels only when the call names it; perf/gpu_wheels.sh fills it
 # here (mlperf-logging, zstandard, pycocotools, setuptools: what the stock image lacks). What comes
 # back, flat under $OUT (at most 6 files): gpu_suite.md (the dated record), gpu_suite.log, the mini
-# run's result log and breakdown JSON (and its power log with NVML). Put the record into
+# run's result log and breakdown JSON (and its power log with NVML), characterize.json (its page:
+# `mlhpc characterize --compare` against this CPU's). Put the record into
 # perf/RESULTS.md here with `python perf/gpu_suite_report.py --merge <files_at>/gpu_suite.md`.
 #
 # Steps, each limited to the smaller of its own limit and the time left:
@@ -21,7 +22,8 @@
 #    GPU_SUITE_LONG=1 adds compiled DeepCAM and compiled fp32 (minutes of compilation);
 # 2. a CosmoFlow mini run to its target through `mlhpc run` (data and --out in a temporary folder);
 # 3. the loop's overhead over a bare loop in the same precision and memory format;
-# 4. NCCL on a 1-GPU group (perf/nccl_check.py under torchrun).
+# 4. NCCL on a 1-GPU group (perf/nccl_check.py under torchrun);
+# 5. when time is left, `mlhpc characterize cosmoflow --config mini` (every level; its JSON comes back).
 # A trap writes $OUT/gpu_suite.md on any exit; the exit status is 1 when any step failed.
 #
 # GPU_SUITE_SMOKE=1 runs every step tiny on the CPU (no GPU preflight, no NCCL): the CI rehearsal
@@ -65,12 +67,12 @@ step() {
         set -- sh -c 'echo "forced to fail (GPU_SUITE_FAIL_STEP)"; exit 3'
         limit=$own
     elif [ "$limit" -lt 15 ]; then
-        say "$n/4 $title: skipped, ${left} s left of the ${budget}-s budget"
+        say "$n/5 $title: skipped, ${left} s left of the ${budget}-s budget"
         echo "$n|$title|0|0|skipped (no time left)" >>"$work/steps.txt"
         failed=1
         return
     fi
-    say "$n/4 $title (limit $limit s)"
+    say "$n/5 $title (limit $limit s)"
     begun=$SECONDS
     timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$log" | tail -n 40 >&2
     rc=${PIPESTATUS[0]}
@@ -79,7 +81,7 @@ step() {
     [ "$rc" -ne 0 ] && [ "$outcome" = ok ] && outcome="failed (exit $rc)"
     [ "$rc" -ne 0 ] && failed=1
     echo "$n|$title|$limit|$((SECONDS - begun))|$outcome" >>"$work/steps.txt"
-    say "$n/4 $title: $outcome in $((SECONDS - begun)) s"
+    say "$n/5 $title: $outcome in $((SECONDS - begun)) s"
 }
 
 install_project() {
@@ -147,12 +149,14 @@ if [ "$smoke" = 1 ]; then
     throughput=(--device cpu --smoke --steps 1 --batch 2 --cases cosmoflow:fp32:eager deepcam:fp32:eager)
     mini=(--device cpu loop.max_epochs=1 loop.target=1.0 data.num_train_samples=64 data.num_eval_samples=32)
     overhead=(--device cpu --batch 2 --steps 2 --epochs 1 --rounds 1)
+    characterize=(--device cpu --steps 1 --io-samples 2 --memory-batches 1,2)
 else
     cases=(cosmoflow:fp32:eager cosmoflow:bf16:eager cosmoflow:bf16:compiled deepcam:fp32:eager deepcam:bf16:eager)
     [ "${GPU_SUITE_LONG:-0}" = 1 ] && cases+=(deepcam:bf16:compiled cosmoflow:fp32:compiled)
     throughput=(--device cuda --steps 20 --cases "${cases[@]}")
     mini=(--device cuda)
     overhead=(--device cuda --config full --batch 8 --steps 10 --epochs 2 --rounds 3 --set loop.precision=bf16)
+    characterize=(--device cuda --steps 5 --batch-size 8)
 fi
 
 step 1 "training-step throughput, full-size models" 300 \
@@ -178,3 +182,6 @@ else
         sh -c '"$@" >"$0" 2>&1; rc=$?; cat "$0"; exit $rc' "$work/nccl.log" \
         $PY -m torch.distributed.run --standalone --nproc_per_node=1 perf/nccl_check.py
 fi
+step 5 "characterize cosmoflow mini, every level" 90 \
+    $PY -m mlhpc characterize cosmoflow --config mini --out "$work/characterize" "${characterize[@]}"
+if [ -f "$work/characterize/characterize.json" ]; then cp "$work/characterize/characterize.json" "$outdir/"; fi

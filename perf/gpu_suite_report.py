@@ -70,6 +70,26 @@ def mini_settings(breakdown: Path) -> str:
     return "mini run settings: " + ", ".join(f"{key} {value}" for key, value in sorted(settings.items()))
 
 
+def characterized(path: Path) -> str:
+    """One line from `mlhpc characterize`'s JSON: the step, where it went, the machine's peaks, the
+    workload's place under them and the memory peak (the whole JSON comes back beside it)."""
+    try:
+        found = json.loads(path.read_text())
+        ops, roof, memory = found["operators"], found["roofline"], found["memory"]
+        phases = ", ".join(f"{p['phase']} {p['range_seconds'] * 1e3:.1f} ms" for p in ops["phases"])
+        peak = max(p["measured_peak_bytes"] for p in memory["points"])
+        workload = roof["workload"] or {}
+        return (
+            f"characterize cosmoflow mini: step {ops['step_seconds'] * 1e3:.1f} ms ({phases}); "
+            f"peaks {roof['flops_per_s'] / 1e12:.3g} TFLOP/s GEMM, {roof['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s "
+            f"streaming; workload {workload.get('flops_per_s', 0) / 1e12:.3g} TFLOP/s, "
+            f"{100 * workload.get('efficiency', 0):.0f} % of its roof; memory peak {peak / 2**20:.0f} MiB; "
+            f"skipped: {', '.join(found['skipped']) or 'none'} (characterize.json)"
+        )
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return f"characterize: {MISSING}"
+
+
 def steps_table(steps: Path) -> list[str]:
     lines = ["| step | limit (s) | took (s) | outcome |", "|---|---|---|---|"]
     for row in read(steps, "").splitlines():
@@ -110,6 +130,7 @@ def report(work: Path, out: Path) -> str:
             f"(`perf/loop_overhead.py`; {last_line_with(work / 'overhead.log', 'wall ratio:')}; "
             f"{last_line_with(work / 'overhead.log', 'loop_overhead:')})",
             f"- {last_line_with(work / 'nccl.log', 'nccl:')}",
+            f"- {characterized(out / 'characterize.json')}",
             "",
         ]
     )

@@ -93,6 +93,8 @@ def test_the_suite_runs_from_the_installed_copy_and_returns_flat_files(
         assert line in record
     assert "loader torch" in record and "loop overhead: " in record and "nccl: not run" in record
     assert "fp32 = " in record  # what fp32 means is said
+    assert "characterize.json" in files and "characterize cosmoflow mini: step " in record
+    assert "| 5. characterize cosmoflow mini, every level |" in record
     assert not list(Path(env["TMPDIR"]).glob("gpu_suite.*"))  # its temporary folder (data, --out) is gone
 
 
