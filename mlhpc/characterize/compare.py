@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlhpc.characterize.page import PHASE_COLOURS, e, page, seconds, section, si, table
+from mlhpc.characterize.page import PHASE_COLOURS, page, seconds, section, si, table
 from mlhpc.characterize.runner import FORMAT, JSON_NAME
 from mlhpc.characterize.svg import figure, svg_text
 from mlhpc.common.errors import ConfigError
@@ -135,13 +135,30 @@ def load(path: Path) -> dict[str, Any]:
 
 def label(report: dict[str, Any]) -> str:
     s = report["system"]
-    return f"{report['benchmark']} {report['config']} on {s['device_name']} ({s['device']})"
+    threads = (s.get("threads") or {}).get("intra_op", s.get("torch_threads"))
+    return f"{report['benchmark']} {report['config']} on {s['device_name']} ({s['device']}, {threads} threads)"
+
+
+def _system_row(name: str, report: dict[str, Any]) -> tuple[str, ...]:
+    s = report["system"]
+    threads = s.get("threads") or {}
+    return (
+        name,
+        f"{report['benchmark']} --config {report['config']}",
+        f"{s['device_name']} ({s['device']})",
+        str(threads.get("intra_op", s.get("torch_threads"))),
+        str(threads.get("source", "")),
+        str(s["host"]),
+        str(s["torch"]),
+        str(s["date"]),
+    )
 
 
 def compare_page(a: dict[str, Any], b: dict[str, Any]) -> str:
     """The comparison of two characterize reports, A against B, level by level."""
-    intro = table(("", "system", "date"), [("A", label(a), a["system"]["date"]), ("B", label(b), b["system"]["date"])], 9)
-    parts = [f"<h1>Characterization: {e(label(a))} against {e(label(b))}</h1>", intro]
+    header = ("", "workload", "device", "threads", "threads chosen by", "host", "torch", "date")
+    intro = table(header, [_system_row("A", a), _system_row("B", b)], len(header))
+    parts = ["<h1>Characterization: A against B</h1>", intro]
     for title, figures in LEVEL_FIGURES:
         rows = []
         for name, read, shown in figures:

@@ -216,7 +216,9 @@ def roofline_html(roof: dict[str, Any]) -> str:
     body = (
         f"<p>Measured peaks: {si(peak, 'FLOP/s')} (GEMM), {si(bandwidth, 'B/s')} (streaming); ridge at "
         f"{ridge:.3g} FLOP/byte. Operators by phase colour; the star is the workload's analytic "
-        f"intensity at its achieved training rate.</p>"
+        f"intensity at its achieved training rate. FLOPs are counted as a direct convolution does "
+        f"them: a point above the roof ran a cheaper algorithm (oneDNN and cuDNN may pick Winograd or "
+        f"FFT convolutions), or from cache.</p>"
         + svg_text(fig)
         + table(("point", "FLOP/byte", "achieved", "attainable", "of attainable", "bound"), rows)
     )
