@@ -28,6 +28,7 @@ class NotOnMeta(ConfigError):
     """The model cannot be counted on the meta device (data-dependent operations, such as Faster
     R-CNN's proposal sampling): count it on the CPU instead."""
 
+
 TRAFFIC_FORMULA = (
     "per sample, micro-batch B, optimizer batch B_opt (B x gradient accumulation steps): "
     "input_read = batch tensors + the ones autograd keeps (read again in the backward); "

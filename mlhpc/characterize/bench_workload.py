@@ -4,8 +4,11 @@ Picklable, so that each rank of the communication level builds its own."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,6 +19,25 @@ from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError
 from mlhpc.common.training.batches import MEMORY_FORMATS, to_device
 from mlhpc.common.training.loop import resolve_memory_format
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""loop.precision's training dtype: the timed levels autocast to it as the loop does, and the
+roofline's GEMM peak is measured in it."""
+
+
+def training_dtype(cfg: Any) -> torch.dtype:
+    return PRECISIONS[cfg.loop.precision]
+
+
+def _autocast_loss(
+    compute_loss: Callable[[torch.nn.Module, Any], torch.Tensor],
+    device_type: str,
+    dtype: torch.dtype,
+    model: torch.nn.Module,
+    batch: Any,
+) -> torch.Tensor:
+    with torch.autocast(device_type, dtype=dtype):
+        return compute_loss(model, batch)
 
 
 def single_process_context(device: torch.device) -> DistContext:
@@ -59,10 +81,17 @@ class BenchWorkload:
         # One optimizer step an epoch: the schedules' warm-up then holds a steady learning rate.
         optimizer, _ = bench.build_optimizer(cfg, model, ctx, 1)
         batch = to_device(bench.example_batch(cfg, self.batch_size, device), device, memory_format)
+        dtype = training_dtype(cfg)
+        # The loop's autocast (common/training/epoch.py); fp16's loss scaling changes no step's cost.
+        compute_loss = (
+            bench.compute_loss
+            if dtype == torch.float32
+            else functools.partial(_autocast_loss, bench.compute_loss, device.type, dtype)
+        )
         return Workload(
             model=model,
             optimizer=optimizer,
-            compute_loss=bench.compute_loss,
+            compute_loss=compute_loss,
             batches=itertools.repeat(batch),
             device=device,
             batch_size=self.batch_size,

@@ -71,8 +71,9 @@ def characterize_page(report: dict[str, Any]) -> str:
         f"<h1>Characterization of {e(title)}</h1>",
         system_html(report),
         skipped_html(report["skipped"]),
-        analytic_html(report["analytic"]),
     ]
+    if report["analytic"]:
+        parts.append(analytic_html(report["analytic"]))
     if report.get("published"):
         parts.append(published_html(report["published"]))
     for level, render in LEVELS:
@@ -134,7 +135,7 @@ def analytic_html(a: dict[str, Any]) -> str:
              if k not in ("formula", "total", "micro_batch_size", "optimizer_batch_size")]
     layers = sorted(a["layers"], key=lambda r: -(r["forward_flops"] + r["backward_weight_flops"] + r["backward_input_flops"]))
     top = [
-        (r["name"], r["kind"], "×".join(map(str, r["output_shape"])), si(r["forward_flops"], "FLOP"),
+        (r["name"], r["kind"], "×".join(map(str, r["output_shape"][1:])), si(r["forward_flops"], "FLOP"),
          si(r["backward_weight_flops"] + r["backward_input_flops"], "FLOP"))
         for r in layers[:10]
     ]
@@ -146,7 +147,7 @@ def analytic_html(a: dict[str, Any]) -> str:
         + f"<h3>Compulsory memory traffic</h3><p>{e(traffic['formula'])} (batch {traffic['micro_batch_size']}).</p>"
         + table(("term", "bytes per sample"), terms)
         + "<h3>Layers with the most FLOPs</h3>"
-        + table(("layer", "kind", "output", "forward", "backward"), top, numeric_from=3)
+        + table(("layer", "kind", "output of a sample", "forward", "backward"), top, numeric_from=3)
     )
     return section("Analytic, per sample", body, "analytic")
 

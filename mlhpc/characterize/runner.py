@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from mlhpc import __version__
-from mlhpc.characterize.bench_workload import BenchWorkload, single_process_context
+from mlhpc.characterize.bench_workload import BenchWorkload, single_process_context, training_dtype
 from mlhpc.characterize.page import GENERATOR
 from mlhpc.common.cluster.allocator import keep_freed_memory
 from mlhpc.common.cluster.threads import configure_threads
@@ -32,6 +32,11 @@ FORMAT = "mlhpc-characterize/1"
 """The JSON's first key's value; `mlhpc characterize --compare` refuses any other."""
 JSON_NAME = "characterize.json"
 PAGE_NAME = "characterize.html"
+TIMED_LEVELS = ("operators", "roofline", "memory", "io", "communication")
+NO_EXAMPLE_BATCH = (
+    "{name} has no example_batch function, which every level that runs the model needs "
+    "(docs/ADDING_A_BENCHMARK.md)"
+)
 OUT_FILES = {JSON_NAME: json_kind(FORMAT), PAGE_NAME: page_kind(GENERATOR)}
 
 
@@ -72,19 +77,24 @@ def characterize(options: CharacterizeOptions, say: Callable[[str], None] = prin
         "benchmark": bench.name,
         "config": options.config,
         "overrides": list(options.overrides),
+        "precision": cfg.loop.precision,
         "system": {**system_facts(device), "threads": threads.as_record(), "allocator": allocator},
         "skipped": {},
     }
     from mlhpc.characterize import analytic, reference
 
-    say(f"characterize {bench.name} --config {options.config}: analytic level (no data, no timing)")
-    try:
-        found = analytic.analyze(bench, cfg)
-    except analytic.NotOnMeta as reason:
-        say(f"{str(reason).split(';')[0]}: counting it on the CPU, with real tensors")
-        found = analytic.analyze(bench, cfg, device="cpu")
-    report["analytic"] = dataclasses.asdict(found)
-    report["published"] = reference.compare(bench.name, options.config, found)
+    found = None
+    if bench.example_batch is None:
+        report["skipped"]["analytic"] = NO_EXAMPLE_BATCH.format(name=bench.name)
+    else:
+        say(f"characterize {bench.name} --config {options.config}: analytic level (no data, no timing)")
+        try:
+            found = analytic.analyze(bench, cfg)
+        except analytic.NotOnMeta as reason:
+            say(f"{str(reason).split(';')[0]}: counting it on the CPU, with real tensors")
+            found = analytic.analyze(bench, cfg, device="cpu")
+    report["analytic"] = dataclasses.asdict(found) if found is not None else None
+    report["published"] = reference.compare(bench.name, options.config, found) if found is not None else None
     if options.analytic_only:
         report["skipped"].update(dict.fromkeys(TIMED_LEVELS, "--analytic: the timed levels were not run"))
     else:
@@ -93,16 +103,13 @@ def characterize(options: CharacterizeOptions, say: Callable[[str], None] = prin
     return report
 
 
-TIMED_LEVELS = ("operators", "roofline", "memory", "io", "communication")
-
-
 def _timed_levels(
     report: dict[str, Any],
     options: CharacterizeOptions,
     bench: registry.Benchmark,
     cfg: Any,
     device: torch.device,
-    found: Any,
+    found: Any | None,
     say: Callable[[str], None],
 ) -> None:
     from mlhpc.characterize import communication, io_level, memory, operators, roofline
@@ -113,15 +120,15 @@ def _timed_levels(
     def workload(batch_size: int) -> BenchWorkload:
         return BenchWorkload(bench.name, options.config, options.overrides, batch_size, kind)
 
-    if bench.example_batch is None:
-        reason = f"{bench.name} has no example_batch function (docs/ADDING_A_BENCHMARK.md)"
+    if found is None:
+        reason = NO_EXAMPLE_BATCH.format(name=bench.name)
         report["skipped"].update({level: reason for level in ("operators", "roofline", "memory", "communication")})
     else:
         say(f"operators: {options.steps} steps at batch {batch} on {device}")
         ops = operators.profile_operators(workload(batch)(), steps=options.steps)
         report["operators"] = dataclasses.asdict(ops)
-        say("roofline: this machine's GEMM and streaming peaks")
-        peaks = roofline.machine_peaks(device, torch.float32)
+        say(f"roofline: this machine's GEMM ({cfg.loop.precision}) and streaming peaks")
+        peaks = roofline.machine_peaks(device, training_dtype(cfg))
         step_flops_per_s = found.training_flops_per_sample * batch / ops.step_seconds if ops.step_seconds else 0.0
         point = (found.flop_per_memory_byte, step_flops_per_s)
         report["roofline"] = dataclasses.asdict(roofline.place_operators(peaks, ops, point))
