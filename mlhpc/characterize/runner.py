@@ -116,6 +116,10 @@ def _timed_levels(
 
     batch = options.batch_size or min(cfg.loop.global_batch_size, 4)
     kind = device.type
+    if found is not None:
+        largest = max((batch, *(options.memory_batches or ())))
+        ranks_here = options.ranks if kind == "cpu" else 1
+        _check_memory(found, largest, ranks_here, device)
 
     def workload(batch_size: int) -> BenchWorkload:
         return BenchWorkload(bench.name, options.config, options.overrides, batch_size, kind)
@@ -200,6 +204,33 @@ def _check_room(out: Path, bench: registry.Benchmark, cfg: Any, count: int) -> N
         raise ConfigError(
             f"--out {out}: the I/O level would generate {need / 1e9:.1f} GB of samples there and "
             f"{free / 1e9:.1f} GB are free; pass --data with an existing dataset or fewer --io-samples"
+        )
+
+
+MEMORY_SHARE = 0.8
+"""Of the device's memory, what the timed levels' estimate may take before they are refused."""
+
+
+def _check_memory(found: Any, batch: int, ranks: int, device: torch.device) -> None:
+    """Refuse, before building anything, a batch whose step would not fit: a rough bound from the
+    analytic level (activations and input twice, for their gradients; weights, gradients and
+    optimizer state), for every rank that shares the device's memory."""
+    per_rank = (
+        2 * batch * (found.activation_bytes_per_sample + found.input_bytes_per_sample)
+        + 2 * found.parameter_bytes
+        + found.optimizer_state_bytes
+    )
+    if device.type == "cuda":
+        memory: int | None = torch.cuda.mem_get_info(device)[1]
+    else:
+        from mlhpc.campaign.machine import memory_bytes
+
+        memory = memory_bytes()
+    if memory is not None and per_rank * ranks > MEMORY_SHARE * memory:
+        raise ConfigError(
+            f"--batch-size {batch}: a step needs about {per_rank * ranks / 2**30:.1f} GiB on {device.type} "
+            f"({ranks} rank(s)) and it has {memory / 2**30:.1f} GiB; pass a smaller --batch-size "
+            "(and --memory-batches), or --analytic"
         )
 
 

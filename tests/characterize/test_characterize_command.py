@@ -123,6 +123,8 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         (("cosmoflow", "--device", "tpu", "--out", str(tmp_path / "c")), "--device 'tpu'"),
         (("cosmoflow", "--config", "huge", "--out", str(tmp_path / "c")), "no config 'huge'"),
         (("cosmoflow", "--analytic", "--out", str(tmp_path / "theirs")), "not a page of mlhpc characterize"),
+        (("deepcam", "--config", "full", "--batch-size", "64", "--out", str(tmp_path / "c")), "a step needs about"),
+        (("cosmoflow", "--memory-batches", "2,0", "--out", str(tmp_path / "c")), "at least 1"),
     ]
     for args, needle in cases:
         one_error_line(characterize(*args, cwd=tmp_path), needle)
