@@ -15,6 +15,7 @@ joins a group and stopped before the group is destroyed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import ipaddress
@@ -95,6 +96,10 @@ class Heartbeat:
         self._beats.add(_key("beat", rank), 1)
         self._thread = threading.Thread(target=self._run, name="mlhpc-heartbeat", daemon=True)
         self._thread.start()
+        # A daemon thread still inside a store call when the interpreter ends is made to exit
+        # through torch's C++ frames, which aborts the process ("terminate called without an
+        # active exception", after the run's work was done): the beating ends before that.
+        atexit.register(self._end)
 
     def _run(self) -> None:
         while not self._stop.wait(BEAT_S):
@@ -106,7 +111,13 @@ class Heartbeat:
     def stop(self) -> None:
         """Stop beating, saying so first: a rank that ended is not a lost one."""
         _bounded(lambda: self._probe.set(_key("ended", self.rank), "1"), STORE_TIMEOUT_S)
+        self._end()
+
+    def _end(self) -> None:
+        """Stop the beating thread and wait for it (its last call to the store is bounded)."""
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=STORE_TIMEOUT_S)
 
     def silence(self, ranks: Sequence[int], listen_s: float = LISTEN_S) -> Silence:
         """Which of `ranks` (global ranks; this one left out) stopped beating, watched for

@@ -137,3 +137,35 @@ def test_a_gloo_error_becomes_a_short_reason() -> None:
     assert collective_reason(gloo) == "Read error [10.213.2.2]:153: Connection reset by peer"
     assert collective_reason(RuntimeError("")) == "RuntimeError"
 
+
+
+# A rank that ends without shutdown_distributed. The check runs at exit after the heartbeat's own
+# (atexit runs its hooks last registered first), before the interpreter is torn down.
+EXIT_WITHOUT_SHUTDOWN = """
+import atexit, datetime, threading, time
+import torch.distributed as dist
+from mlhpc.common.cluster import liveness
+
+def beating_at_teardown():
+    alive = [t.name for t in threading.enumerate() if t.name == "mlhpc-heartbeat" and t.is_alive()]
+    print("beating at teardown:", alive, flush=True)
+
+atexit.register(beating_at_teardown)
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5))
+beat = liveness.Heartbeat(store, 0, hosts_store=True)
+time.sleep(liveness.BEAT_S * 1.5)
+"""
+
+
+def test_the_heartbeat_ends_before_the_interpreter_does(tmp_path: Path) -> None:
+    """A daemon thread still inside a torch call when the interpreter is torn down is unwound
+    through torch's C++, which aborts the process after its work was done ("terminate called
+    without an active exception", exit -6): 1 two-rank torchrun run in 7 here, each time with the
+    heartbeat thread alive at exit. The heartbeat now stops and joins its thread at exit."""
+    script = tmp_path / "exit_without_shutdown.py"
+    script.write_text(EXIT_WITHOUT_SHUTDOWN)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=cli_env()
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "beating at teardown: []" in proc.stdout, proc.stdout + proc.stderr[-2000:]
