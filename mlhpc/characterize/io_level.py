@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -158,11 +159,13 @@ def _drop_cached_pages(path: Path) -> bool:
     written first: DONTNEED leaves them in the cache (a freshly generated or staged file)."""
     if not hasattr(os, "posix_fadvise"):
         return False
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # never blocking on a FIFO named like a sample: only a regular file is touched
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         os.fdatasync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         return True

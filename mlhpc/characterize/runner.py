@@ -164,7 +164,7 @@ def _timed_levels(
             report["skipped"]["io"] = f"{bench.name}'s loader ({loaders.loader}) has no map-style dataset to time"
         else:
             samples = min(options.io_samples, len(dataset))
-            report["io"] = dataclasses.asdict(io_level.measure_io(dataset, samples=samples, seed=0))
+            report["io"] = dataclasses.asdict(io_level.measure_io(dataset, samples=samples, seed=0, evict=True))
 
 
 class _dataset:

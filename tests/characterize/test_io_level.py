@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,15 @@ class _Recorder:
 
     def sample_files(self, index: int) -> tuple[Path, ...]:
         return self.dataset.sample_files(index)
+
+
+def test_dropping_cached_pages_never_blocks_on_a_fifo(tmp_path: Path) -> None:
+    """A sample file that is really a FIFO (a hostile --data) is left alone, not opened to block."""
+    from mlhpc.characterize.io_level import _drop_cached_pages
+
+    fifo = tmp_path / "sample_data.npy"
+    os.mkfifo(fifo)
+    regular = tmp_path / "regular.npy"
+    regular.write_bytes(b"x" * 4096)
+    assert _drop_cached_pages(fifo) is False
+    assert _drop_cached_pages(regular) is True
