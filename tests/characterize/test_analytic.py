@@ -96,6 +96,7 @@ def conv_stacks(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1]
     transposed = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[dims - 1]
     channels = in_channels = draw(st.sampled_from([1, 2, 4, 6]))
+    size = length = draw(st.integers(4, 8 if dims < 3 else 5))
     layers: list[nn.Module] = []
     with torch.device("meta"):
         for _ in range(draw(st.integers(1, 3))):
@@ -106,11 +107,16 @@ def conv_stacks(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
                 draw(st.integers(1, 2)),
                 draw(st.integers(1, 2)),
             )
-            kind = transposed if draw(st.booleans()) else conv
-            padding = dilation * (kernel - 1) // 2  # keeps every size above zero
-            layers.append(kind(channels, out, kernel, stride, padding, dilation=dilation, groups=groups))
+            padding = dilation * (kernel - 1) // 2
+            shrunk = (length + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+            # A convolution that would leave no position becomes a transposed one (which grows).
+            if draw(st.booleans()) or shrunk < 1:
+                layers.append(transposed(channels, out, kernel, stride, padding, dilation=dilation, groups=groups))
+                length = (length - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1
+            else:
+                layers.append(conv(channels, out, kernel, stride, padding, dilation=dilation, groups=groups))
+                length = shrunk
             channels = out
-        size = draw(st.integers(4, 8 if dims < 3 else 5))
         x = torch.empty(draw(st.integers(1, 3)), in_channels, *([size] * dims))
         features = nn.Sequential(*layers)(x).flatten(1).shape[1]
         model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(features, draw(st.integers(1, 5))))
