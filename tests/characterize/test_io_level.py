@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from mlhpc.characterize.bench_workload import single_process_context
 from mlhpc.characterize.io_level import measure_io
-from mlhpc.common.cluster.distributed import DistContext
 from mlhpc.common.contract import registry
 from mlhpc.common.contract.config import load_config
 from mlhpc.common.errors import ConfigError
@@ -34,17 +34,7 @@ def _train_dataset(name: str, root: Path) -> Any:
     bench = registry.get(name)
     cfg = load_config(bench.config_class, bench.config_path("mini"), ["data.loader=torch"])
     bench.generate(cfg, root, num_samples=NUM_SAMPLES, seed=3)
-    ctx = DistContext(
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        num_nodes=1,
-        device=torch.device("cpu"),
-        backend="none",
-        launcher="none",
-    )
-    return bench.build_data(cfg, root, ctx, 0).train.dataset
+    return bench.build_data(cfg, root, single_process_context(torch.device("cpu")), 0).train.dataset
 
 
 @pytest.mark.parametrize("name", ["cosmoflow", "deepcam"])
