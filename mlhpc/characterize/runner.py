@@ -153,10 +153,12 @@ def _timed_levels(
             )
             report["communication"] = dataclasses.asdict(comm)
     say(f"I/O: {options.io_samples} samples through {bench.name}'s own loader")
-    # The loader at batch 1: its sample count check then holds for a few generated samples.
-    io_cfg = load_config(
-        bench.config_class, bench.config_path(options.config), [*options.overrides, "loop.global_batch_size=1"]
-    )
+    # The loader at batch 1 (its sample count check then holds for a few generated samples), and
+    # torch's where the benchmark also has DALI's: the level times one sample at a time.
+    io_overrides = [*options.overrides, "loop.global_batch_size=1"]
+    if hasattr(getattr(cfg, "data", None), "loader"):
+        io_overrides.append("data.loader=torch")
+    io_cfg = load_config(bench.config_class, bench.config_path(options.config), io_overrides)
     with _dataset(options, bench, io_cfg) as data_dir:
         loaders = bench.build_data(io_cfg, data_dir, single_process_context(torch.device("cpu")), 0)
         dataset = getattr(loaders.train, "dataset", None)
