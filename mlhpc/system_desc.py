@@ -31,7 +31,7 @@ def stable_system_name(ctx: DistContext) -> str:
     (the host name is not: in a container it is the container's random id): the GPU's or else
     the CPU's model, the device kind and the ranks, e.g. `nvidia_h100_80gb_hbm3_gpu_n8`."""
     cuda = ctx.device.type == "cuda"
-    model = torch.cuda.get_device_name(ctx.device) if cuda else _cpu_model()
+    model = torch.cuda.get_device_name(ctx.device) if cuda else cpu_model()
     return hardware_slug(model, "gpu" if cuda else "cpu", ctx.world_size)
 
 
@@ -208,7 +208,8 @@ def _merged(path: Path, existing: dict[str, Any] | None, description: dict[str, 
     return {**existing, **{k: v for k, v in description.items() if k not in existing}}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the platform's guess elsewhere)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:

@@ -248,12 +248,12 @@ def _device(choice: str) -> torch.device:
 
 def system_facts(device: torch.device) -> dict[str, Any]:
     """What the page's reader needs to know about where the figures came from."""
-    from mlhpc.system_desc import _cpu_model
+    from mlhpc.system_desc import cpu_model
 
     facts: dict[str, Any] = {
         "host": platform.node(),
         "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "cpus": len(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -259,9 +259,9 @@ def test_slurm_campaign_runs_to_a_checked_submission(slurm_cluster: SlurmCluster
     assert_trained(logs[1], 42, ranks=1)
     # No --system: the first seed job named it from the hardware (not a host name), and the
     # other job, on the same machine type, filed under the same one.
-    from mlhpc.system_desc import _cpu_model, hardware_slug
+    from mlhpc.system_desc import cpu_model, hardware_slug
 
-    system = hardware_slug(_cpu_model(), "cpu", 1)
+    system = hardware_slug(cpu_model(), "cpu", 1)
     assert {p.parent.parent.parent.name for p in logs} == {system}
     assert json.loads((out / "campaign.json").read_text())["settings"]["system"] == system
     assert sw_notes(out) == "mlhpc; launcher slurm; backend none"  # one rank: no process group
