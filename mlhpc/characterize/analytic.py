@@ -242,11 +242,11 @@ def _assemble(
     backward = per["backward_weight_flops"] + per["backward_input_flops"]
     training = per["forward_flops"] + backward
     fixed = lo.activation_bytes - per["activation_bytes"] * lo.batch_size
-    trainable = trainable_bytes(model)
+    trainable, weights = trainable_bytes(model), parameter_bytes(model)
     traffic = _traffic(
         input_bytes=per["input_bytes"] + per["saved_input_bytes"],
         activation=per["activation_bytes"] + fixed / batches[0],
-        weights=parameter_bytes(model),
+        weights=weights,
         trainable=trainable,
         state=state_bytes,
         batches=batches,
@@ -264,7 +264,7 @@ def _assemble(
         counter_backward_flops_per_sample=per["counter_backward_flops"],
         counter_grouped_weight_grad_excess_flops_per_sample=per["counter_backward_flops"] - backward,
         parameter_count=sum(p.numel() for p in model.parameters()),
-        parameter_bytes=parameter_bytes(model),
+        parameter_bytes=weights,
         trainable_bytes=trainable,
         optimizer_state_bytes=state_bytes,
         activation_bytes_per_sample=per["activation_bytes"],
