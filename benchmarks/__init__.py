@@ -5,5 +5,5 @@ The catalog finds them through the `mlhpc.benchmarks` entry points in pyproject.
 finds a third party's; this list is what those entry points must declare (a test checks).
 """
 
-BUILTIN: tuple[str, ...] = ("cosmoflow", "deepcam", "extreme_weather")
+BUILTIN: tuple[str, ...] = ("aiperf", "cosmoflow", "deepcam", "extreme_weather")
 """The benchmarks mlhpc ships: entry point `<name> = mlhpc.benchmarks.<name>:BENCHMARK`."""

@@ -31,6 +31,7 @@ _OBJECT_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 _log = logging.getLogger(__name__)
 
 MemoryFormat = Literal["contiguous", "channels_last", "channels_last_3d"]
+Workload = Literal["time_to_train", "automl"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +71,12 @@ class BenchmarkInfo:
     """The layout the model runs fastest in on a GPU (loop.memory_format=auto picks it there)."""
     cpu_memory_format: MemoryFormat = "contiguous"
     """The layout it runs fastest in on a CPU, through oneDNN (loop.memory_format=auto there)."""
+    workload: Workload = "time_to_train"
+    """time_to_train: each seed trained to the target and timed, as MLPerf HPC scores it; automl: a
+    search that runs for a duration and is scored by the operations its trials did (AIPerf),
+    run by `runner` instead of the shared loop."""
+    runner: str | None = None
+    """'module:function' that `mlhpc run` hands an automl workload to: function(args, prepared) -> exit status."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -77,6 +84,13 @@ class BenchmarkInfo:
         if not isinstance(self.functions, str) or not _OBJECT_REF.match(self.functions):
             raise ConfigError(
                 f"benchmark {self.name}: functions={self.functions!r}; write 'package.module:ATTRIBUTE'"
+            )
+        if (self.workload == "automl") != (self.runner is not None) or not (
+            self.runner is None or (isinstance(self.runner, str) and _OBJECT_REF.match(self.runner))
+        ):
+            raise ConfigError(
+                f"benchmark {self.name}: an automl workload names its runner='package.module:function', "
+                "and only it"
             )
         if isinstance(self.strong_run_count, bool) or not (
             isinstance(self.strong_run_count, int) and self.strong_run_count >= 1

@@ -31,8 +31,13 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from mlhpc.benchmarks.aiperf.scoring import check_run, find_run
     from mlhpc.campaign.status import short_campaign_line
     from mlhpc.submission_checker.command import check_command
+
+    aiperf_run = find_run(args.path)
+    if aiperf_run is not None:  # an AIPerf run: scored by its operations over time, not MLPerf's rules
+        return check_run(aiperf_run, args.json)
 
     return check_command(
         args.path,
