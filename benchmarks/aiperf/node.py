@@ -16,10 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mlhpc.benchmarks.aiperf.experiment import NODE_ENV
+from mlhpc.benchmarks.aiperf.experiment import node_from_env
 from mlhpc.common.cluster.launch import LaunchInfo, detect_launch
-from mlhpc.common.errors import ConfigError
-from mlhpc.common.printable import shown
 
 NODE_PORT_OFFSET = 17
 """The node group's port: the launch's master port plus this, on the node's own loopback."""
@@ -94,21 +92,6 @@ def join_node(device: str = "auto", launch: LaunchInfo | None = None) -> NodeGro
         device=dev,
         host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     )
-
-
-def node_from_env() -> tuple[int, int] | None:
-    """(node, nodes) of an --instances node, or None."""
-    value = os.environ.get(NODE_ENV)
-    if not value:
-        return None
-    node, _, nodes = value.partition("/")
-    try:
-        n, total = int(node), int(nodes)
-    except ValueError:
-        raise ConfigError(f"{NODE_ENV}={shown(value)} must be <node>/<nodes>; unset it") from None
-    if not 0 <= n < total <= 4096:
-        raise ConfigError(f"{NODE_ENV}={shown(value)} must be <node>/<nodes> with 0 <= node < nodes; unset it")
-    return n, total
 
 
 def leave_node(group: NodeGroup) -> None:

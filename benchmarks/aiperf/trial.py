@@ -125,7 +125,7 @@ def run_trial(
             append_epoch(
                 log_path,
                 {"trial": plan.number, "round": plan.round, "epoch": epoch, "time": time.time(),
-                 "accuracy": accuracy, "node": group.host},
+                 "accuracy": accuracy, "node": group.host, "node_index": group.node},
             )
             say(f"node {group.node} trial {plan.number} (arch {plan.arch}.{plan.round}) "
                 f"epoch {epoch}/{plan.budget}: top-1 {accuracy:.4f}")

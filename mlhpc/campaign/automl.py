@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, prepared: Prepared) -> int:
             return status
     if opts.instances > 1 and NODE_ENV in os.environ:
         return 0  # one of --instances' nodes: the parent scores
-    if args.no_check:
+    if args.no_check or status != 0:
         return status
     time.sleep(SCORE_GRACE_S)
     from mlhpc.benchmarks.aiperf.scoring import check_run
@@ -110,7 +110,7 @@ def _dry_run(prepared: Prepared, json_path: Path | None) -> int:
 
 
 def _work_here(prepared: Prepared, seed: int, run_dir: Path) -> int:
-    from mlhpc.benchmarks.aiperf.experiment import work
+    from mlhpc.benchmarks.aiperf.worker import work
 
     data = prepared.opts.data or _ensure_data(prepared, seed)
     trials = work(run_dir, prepared.resolved.cfg, data, seed, device=prepared.opts.device)
@@ -153,9 +153,11 @@ def _run_instances(args: argparse.Namespace, count: int, seed: int) -> int:
     if "--first-seed" not in words:
         words += ["--first-seed", str(seed)]
     procs = []
+    # the machine's cores shared out: K nodes of the default thread count each would oversubscribe it
+    threads = str(max(1, len(os.sched_getaffinity(0)) // count))
     for node in range(count):
-        env = {**os.environ, NODE_ENV: f"{node}/{count}"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "mlhpc", "run", *words], env=env))
+        env = {**os.environ, NODE_ENV: f"{node}/{count}", "OMP_NUM_THREADS": threads}
+        procs.append(subprocess.Popen([sys.executable, "-m", "mlhpc", *words], env=env))
     codes = [p.wait() for p in procs]
     bad = [c for c in codes if c != 0]
     if len(bad) == len(codes):
@@ -188,7 +190,8 @@ def _submit(args: argparse.Namespace, prepared: Prepared, seed: int) -> int:
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives(resources, job_name="mlhpc-aiperf", output=folder / "aiperf-%j.out")),
         "# mlhpc run aiperf: every node searches until the run's duration is over, then the run is scored",
-        f"srun {shlex.join([*python, *words])}",
+        # a node lost mid-run takes its own trial alone: the step and the job go on without it
+        f"srun --kill-on-bad-exit=0 --no-kill {shlex.join([*python, *words])}",
         f"{shlex.join([*python, 'check', str(out)])} --json {shlex.quote(str(folder / 'check-'))}\"$SLURM_JOB_ID\".json",
     ]
     script = "\n".join(lines) + "\n"

@@ -309,7 +309,7 @@ def import_cycle(folder: Path, package: str) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("benchmark", ["cosmoflow", "deepcam", "extreme_weather"])
+@pytest.mark.parametrize("benchmark", ["aiperf", "cosmoflow", "deepcam", "extreme_weather"])
 def test_no_benchmark_module_imports_back_into_one_that_imports_it(benchmark: str, tmp_path: Path) -> None:
     """The dali.py <-> data.py circles are cut: the loader choice lives in functions.py."""
     assert import_cycle(REPO / "benchmarks" / benchmark, f"mlhpc.benchmarks.{benchmark}") is None

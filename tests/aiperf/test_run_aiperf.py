@@ -1,0 +1,112 @@
+"""`mlhpc run aiperf` and `mlhpc check` of its run, as a user runs them: the dry run's count of the
+seed, the time-to-train options it refuses, a short search on two one-rank nodes of this machine
+scored and valid, and a run folder whose files were tampered with (one line naming the file)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import mlhpc, one_error_line
+
+# AIPerf's own profiler.py on its resnet50.json (tests/aiperf/test_ops_count.py runs it).
+RESNET50_OPS = {"eval": 7_806_583_495, "train": 23_053_458_315}
+
+# A 40-second search on two nodes, scored every 0.002 h (7 s); the threshold is low because
+# this test is about the mechanics, not the search's quality (perf/aiperf_scaling.py measures it).
+SHORT = [
+    "search.duration_minutes=0.7",
+    "data.train_per_class=24",
+    "data.val_per_class=8",
+    "score.first_window_hours=0.002",
+    "score.step_hours=0.002",
+    "score.threshold=0.2",
+]
+
+
+def test_the_dry_run_counts_the_resnet50_seed_as_aiperfs_profiler(tmp_path: Path) -> None:
+    report = tmp_path / "dry.json"
+    proc = mlhpc("run", "aiperf", "--config", "full", "--out", tmp_path / "out", "--dry-run", "--json", report)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads(report.read_text())
+    assert {k: written["ops_per_image"][k] for k in ("eval", "train")} == RESNET50_OPS
+    assert written["seed_layers"] == 174 and written["image_size"] == 224
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing there
+
+
+@pytest.mark.parametrize("flag", [["--seeds", "2"], ["--resume"], ["--index", "0"], ["--power"]])
+def test_time_to_train_options_are_refused_in_one_line(tmp_path: Path, flag: list[str]) -> None:
+    proc = mlhpc("run", "aiperf", "--out", tmp_path / "out", *flag)
+    one_error_line(proc, flag[0])
+    assert not (tmp_path / "out" / "aiperf").exists()
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    out = tmp_path_factory.mktemp("aiperf") / "out"
+    proc = mlhpc("run", "aiperf", "--config", "mini", "--out", out, "--instances", "2", "--first-seed", "7",
+                 *SHORT, timeout=400)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "valid: best top-1" in proc.stdout
+    yield out
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_two_nodes_search_together_and_the_run_is_scored_and_valid(short_run: Path, tmp_path: Path) -> None:
+    run = short_run / "aiperf"
+    report = tmp_path / "score.json"
+    proc = mlhpc("check", short_run, "--json", report)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    score = json.loads(report.read_text())
+    assert score["valid"] and score["best_accuracy"] >= 0.2 and score["final"]["score"] > 0
+    assert score["nodes"] == 2 and len(score["windows"]) >= 5
+    lines = [json.loads(line) for p in run.glob("trials/*/epochs.jsonl") for line in p.read_text().splitlines()]
+    assert {line["node_index"] for line in lines} == {0, 1}  # both nodes trained and logged epochs
+    assert score["epochs"] == len(lines)
+    facts = json.loads((run / "aiperf.json").read_text())
+    assert all(facts["start"] <= line["time"] <= facts["start"] + facts["duration_s"] for line in lines)
+    first = sorted(run.glob("trials/*"))[0]
+    assert json.loads((first / "model.json").read_text())["layer_list"]  # NNI's graph JSON
+    assert (run / "study.journal").is_file()  # the study the nodes shared, Optuna's journal
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    return copy
+
+
+def _a_log(run: Path) -> Path:
+    return sorted(run.glob("aiperf/trials/*/epochs.jsonl"))[0]
+
+
+def test_a_torn_last_epoch_line_is_skipped_as_a_killed_node_leaves_it(short_run: Path, tmp_path: Path) -> None:
+    copy = _copy(short_run, tmp_path)
+    with _a_log(copy).open("a") as log:
+        log.write('{"trial": 0, "round": 0, "epo')
+    proc = mlhpc("check", copy)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "named"),
+    [
+        (lambda log: log.write_text('{"round": 0, "epoch": 1, "time": 1.0, "accuracy": 0.5}\n' + log.read_text()),
+         "epochs.jsonl:1"),
+        (lambda log: log.write_text(log.read_text().replace('"accuracy": 0', '"accuracy": 7', 1)), "epochs.jsonl:"),
+        (lambda log: (log.parent / "model.json").write_text('{"layer_list": [[0, ["StubReLU", 1, 0]]]}'),
+         "model.json"),
+        (lambda log: (log.parent / "hp_0.json").write_text('{"hyperparameter": {"kernel_size": "3; rm -rf"}}'),
+         "hp_0.json"),
+        (lambda log: (log.parent.parent / "99999").symlink_to("/etc"), "99999"),
+    ],
+    ids=["time-before-start", "accuracy-7", "bad-graph", "bad-kernel", "symlinked-folder"],
+)
+def test_a_tampered_run_is_one_line_naming_the_file(short_run: Path, tmp_path: Path, tamper, named: str) -> None:
+    copy = _copy(short_run, tmp_path)
+    tamper(_a_log(copy))
+    one_error_line(mlhpc("check", copy), named)
