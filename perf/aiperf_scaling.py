@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 
 from cluster_staging_cluster import REPO, StudyError, _vcluster, on_host
+from scripts.vclusterlib.client import kill_on_node  # cluster_staging_cluster put the repo on the path
 
 MLHPC = Path(sys.executable).parent / "mlhpc"
 
 
 def _up(name: str, nodes: int) -> Path:
     _vcluster(name, "up", "--nodes", str(nodes), timeout=180)
-    status = json.loads(_vcluster(name, "status", "--json", check=False).stdout or "{}")
-    shared = Path(status.get("shared") or status.get("state_dir", "") + "/shared")
+    shared = Path(json.loads(_vcluster(name, "status", "--json").stdout)["shared"])
     if not shared.is_dir():
         raise StudyError(f"the cluster's shared folder {shared} is missing")
     return shared
@@ -52,8 +52,7 @@ def _run(name: str, work: Path, data: Path, nodes: int, minutes: float, seed: in
     killer = None
     if kill_after_s is not None:
         victim = f"node{nodes:02d}"
-        killer = threading.Timer(kill_after_s, lambda: on_host(
-            name, victim, "pkill -KILL -f 'mlhpc run aiperf'", check=False, timeout=60))
+        killer = threading.Timer(kill_after_s, lambda: print(f"killed on {victim}: {kill_on_node(victim, b'aiperf')}"))
         killer.start()
     started = time.time()
     proc = on_host(name, "login", shlex.join(command), check=False, timeout=minutes * 60 + 600)
