@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from cluster_staging_cluster import REPO, StudyError, _vcluster, on_host
+
 from scripts.vclusterlib.client import kill_on_node  # cluster_staging_cluster put the repo on the path
 
 MLHPC = Path(sys.executable).parent / "mlhpc"

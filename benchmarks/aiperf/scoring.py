@@ -18,10 +18,24 @@ from mlhpc.benchmarks.aiperf.ops_count import OpsPerImage, ops_per_image
 from mlhpc.common.errors import DataError
 from mlhpc.submission_checker.aiperf import EpochRecord, Window, final, valid, windows
 
+SCORE_FORMAT = "mlhpc-aiperf-score/1"
+"""The first key of the JSON `mlhpc check --json` and `mlhpc report --json` write of a run."""
 MAX_MODEL_BYTES = 16 * 2**20
 MAX_LOG_BYTES = 64 * 2**20
 _ARCH = re.compile(r"\d{5,9}\Z")
 _HP = re.compile(r"hp_(\d{1,4})\.json\Z")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One finished epoch, for the report's plot of the trials."""
+
+    seconds: float
+    """After the run's start."""
+    accuracy: float
+    arch: str
+    round: int
+    node: str
 
 
 @dataclass(frozen=True)
@@ -38,11 +52,10 @@ class RunScore:
     epochs: int
     nodes: int
     duration_s: float
+    points: list[Point]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["format"] = "mlhpc-aiperf-score/1"
-        return data
+        return {"format": SCORE_FORMAT, **asdict(self)}
 
 
 def find_run(path: Path) -> Path | None:
@@ -63,6 +76,7 @@ def score_run(run_dir: Path) -> RunScore:
     if not (0 < threshold < 1 and 0 < first <= 10**4 and 0 < step <= 10**4):
         raise DataError(f"{run_dir / RUN_FILE}: score settings out of range; it is written by mlhpc run aiperf")
     records: list[EpochRecord] = []
+    points: list[Point] = []
     ops: dict[tuple[str, int], OpsPerImage] = {}
     architectures = 0
     trials = run_dir / "trials"
@@ -76,8 +90,11 @@ def score_run(run_dir: Path) -> RunScore:
         rounds = _rounds(folder)
         for round_, kernel in rounds.items():
             ops[(folder.name, round_)] = ops_per_image(model, kernel)
-        records += _epochs(folder, set(rounds), facts)
+        for record, node in _epochs(folder, set(rounds), facts):
+            records.append(record)
+            points.append(Point(record.time - facts.start, record.accuracy, record.trial, record.hp, node))
     records.sort(key=lambda r: r.time)
+    points.sort(key=lambda p: p.seconds)
     scored = windows(
         records, ops, facts.start, train_images=facts.train_images, eval_images=facts.eval_images,
         first_hours=first, step_hours=step, duration_hours=facts.duration_s / 3600.0,
@@ -94,6 +111,7 @@ def score_run(run_dir: Path) -> RunScore:
         epochs=len(records),
         nodes=int(config.get("_nodes", 0)),
         duration_s=facts.duration_s,
+        points=points,
     )
 
 
@@ -150,7 +168,7 @@ def _rounds(folder: Path) -> dict[int, int]:
     return rounds
 
 
-def _epochs(folder: Path, rounds: set[int], facts: RunFacts) -> list[EpochRecord]:
+def _epochs(folder: Path, rounds: set[int], facts: RunFacts) -> list[tuple[EpochRecord, str]]:
     """epochs.jsonl's records; a torn last line (a node killed while writing it) is skipped, any
     other bad line is one error naming the file and line."""
     path = folder / "epochs.jsonl"
@@ -171,7 +189,7 @@ def _epochs(folder: Path, rounds: set[int], facts: RunFacts) -> list[EpochRecord
     return found
 
 
-def _record(item: Any, arch: str, rounds: set[int], facts: RunFacts) -> EpochRecord:
+def _record(item: Any, arch: str, rounds: set[int], facts: RunFacts) -> tuple[EpochRecord, str]:
     if not isinstance(item, dict):
         raise ValueError("not an object")
     round_, epoch, when, accuracy = item["round"], item["epoch"], item["time"], item["accuracy"]
@@ -183,7 +201,14 @@ def _record(item: Any, arch: str, rounds: set[int], facts: RunFacts) -> EpochRec
         raise ValueError(f"time {str(when)[:30]} is outside the run (start to start + duration)")
     if type(accuracy) not in (int, float) or not 0 <= accuracy <= 1:
         raise ValueError(f"accuracy {str(accuracy)[:30]} is not from 0 to 1")
-    return EpochRecord(trial=arch, hp=round_, epoch=epoch, time=float(when), accuracy=float(accuracy))
+    host, index = item.get("node", ""), item.get("node_index", 0)
+    if not isinstance(host, str) or len(host) > 255 or not host.isprintable():
+        raise ValueError("node is not a host name")
+    if type(index) is not int or not 0 <= index < 10**6:
+        raise ValueError(f"node_index {str(index)[:20]} is not a node's index")
+    node = f"node {index} ({host})" if host else f"node {index}"
+    record = EpochRecord(trial=arch, hp=round_, epoch=epoch, time=float(when), accuracy=float(accuracy))
+    return record, node
 
 
 def check_run(run_dir: Path, json_path: Path | None = None) -> int:
@@ -195,6 +220,10 @@ def check_run(run_dir: Path, json_path: Path | None = None) -> int:
     from mlhpc.common.printable import shown
 
     try:
+        if json_path is not None:
+            from mlhpc.common.safeio.writable import json_kind, refuse_output_over_inputs
+
+            json_path = refuse_output_over_inputs(json_path, [run_dir], "--json", kind=json_kind(SCORE_FORMAT))
         result = score_run(run_dir)
     except (MlhpcError, ValueError, OSError) as e:
         print(f"mlhpc: error: {shown(str(e))}", file=sys.stderr)

@@ -23,7 +23,18 @@ def add_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from mlhpc.benchmarks.aiperf.scoring import find_run
     from mlhpc.results.report import report_command
+
+    aiperf_run = find_run(args.path)
+    if aiperf_run is not None:  # an AIPerf run: its score over time and its trials
+        from mlhpc.common.errors import ConfigError
+        from mlhpc.results.aiperf import report_aiperf
+
+        if args.csv is not None:
+            raise ConfigError("--csv writes one row per timed run; an AIPerf run has --json and --plot")
+        report_aiperf(aiperf_run, plot=args.plot, json_path=args.json)
+        return 0
 
     report_command(args.path, plot=args.plot, json_path=args.json, csv_path=args.csv)
     return 0

@@ -110,3 +110,17 @@ def test_a_tampered_run_is_one_line_naming_the_file(short_run: Path, tmp_path: P
     copy = _copy(short_run, tmp_path)
     tamper(_a_log(copy))
     one_error_line(mlhpc("check", copy), named)
+
+
+def test_the_report_plots_the_score_over_time_and_the_trials_by_node(short_run: Path, tmp_path: Path) -> None:
+    plot, report = tmp_path / "aiperf.png", tmp_path / "aiperf.json"
+    proc = mlhpc("report", short_run, "--plot", plot, "--json", report)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = json.loads(report.read_text())
+    assert next(iter(written)) == "format" and written["format"] == "mlhpc-aiperf-score/1"
+    assert {p["node"].split(" (")[0] for p in written["points"]} == {"node 0", "node 1"}
+    assert "node 0 (" in proc.stdout and "node 1 (" in proc.stdout
+    inside = short_run / "aiperf" / "plot.png"
+    one_error_line(mlhpc("report", short_run, "--plot", inside), "--plot")
+    assert not inside.exists()

@@ -1,11 +1,13 @@
-"""AIPerf across two hosts of the session's virtual cluster (scripts/vcluster): `srun -N 2 mlhpc run
-aiperf --config mini`, one trial a node, the nodes sharing the search through the study's journal
-file in the cluster's shared folder. Partway through, node02's trial process is killed (SIGKILL):
-node01 goes on to the deadline, node02's finished epochs still count, and `mlhpc check` scores the
-run, valid at the mini config's own threshold.
+"""AIPerf across two hosts of the session's virtual cluster (scripts/vcluster): `mlhpc run aiperf
+--config mini --slurm --slurm-nodes 2`, one job whose srun step runs one trial a node, the nodes
+sharing the search through the study's journal file in the cluster's shared folder. Partway
+through, node02's trial process is killed (SIGKILL): node01 goes on to the deadline, node02's
+finished epochs still count, and the job's own `mlhpc check` scores the run, valid at the mini
+config's own threshold.
 
-The client (srun) runs on `login`, never in the host's own network namespace; the kill is of the
-processes whose environment says they run on node02 (the hosts share the machine's process table).
+The clients (mlhpc run --slurm, sbatch) run on `login`, never in the host's own network namespace;
+the kill is of the processes whose environment says they run on node02 (the hosts share the
+machine's process table).
 """
 
 from __future__ import annotations
@@ -37,11 +39,16 @@ def work(vcluster: VCluster) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_two_nodes_search_a_lost_node_loses_only_its_trial_and_the_run_is_valid(
-    vcluster: VCluster, work: Path
-) -> None:
+def test_a_slurm_job_of_two_nodes_searches_loses_one_and_is_scored_valid(vcluster: VCluster, work: Path) -> None:
+    """`mlhpc run aiperf --slurm --slurm-nodes 2` from the login host: one job whose srun step runs
+    both nodes; node02 is killed partway and the job's own `mlhpc check` scores the run."""
     data, out = work / "data", work / "out"
     vcluster.exec("login", ["mlhpc", "generate", "aiperf", "--config", "mini", "--out", str(data)], timeout=120)
+    command = ["mlhpc", "run", "aiperf", "--config", "mini", "--data", str(data), "--out", str(out),
+               "--slurm", "--slurm-nodes", "2", "--slurm-time", "00:10:00", f"search.duration_minutes={MINUTES}"]
+    submitted = vcluster.exec("login", command, cwd=work, timeout=120)
+    job = json.loads((out / "slurm" / "jobs.json").read_text())["aiperf"]
+    assert f"aiperf job {job}" in submitted.stdout
     killed: list[int] = []
     kill_time: list[float] = []
 
@@ -51,20 +58,22 @@ def test_two_nodes_search_a_lost_node_loses_only_its_trial_and_the_run_is_valid(
 
     timer = threading.Timer(KILL_AFTER_S, kill)
     timer.start()
-    srun = ["srun", "-N", "2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--no-kill"]
-    command = ["mlhpc", "run", "aiperf", "--config", "mini", "--data", str(data), "--out", str(out),
-               "--no-check", f"search.duration_minutes={MINUTES}"]
-    proc = vcluster.exec("login", [*srun, *command], cwd=work, check=False, timeout=MINUTES * 60 + 240)
+    # sbatch --wait on a job that can start only once the AIPerf job has ended
+    waited = vcluster.exec(
+        "login",
+        ["sbatch", "--wait", f"--dependency=afterany:{job}", f"--output={work}/wait.out", "--wrap=true"],
+        check=False,
+        timeout=MINUTES * 60 + 240,
+    )
     timer.cancel()
-    assert killed, proc.stderr[-2000:]  # node02's worker was running when it was killed
-    assert "node02: task 1: Killed" in proc.stderr, proc.stderr[-2000:]
+    said = (out / "slurm" / f"aiperf-{job}.out").read_text()
+    assert waited.returncode == 0, said[-3000:]
+    assert killed, said[-3000:]  # node02's worker was running when it was killed
+    assert "node02: task 1: Killed" in said, said[-3000:]
 
-    report = work / "score.json"
-    checked = vcluster.exec("login", ["mlhpc", "check", str(out), "--json", str(report)], check=False)
-    assert checked.returncode == 0, (checked.stdout[-2000:], checked.stderr[-2000:])
-    score = json.loads(report.read_text())
-    assert score["valid"] and score["best_accuracy"] >= 0.6 and score["final"]["score"] > 0
-
+    score = json.loads((out / "slurm" / f"check-{job}.json").read_text())  # the job's own check
+    assert score["valid"] and score["best_accuracy"] >= 0.6 and score["final"]["score"] > 0, said[-3000:]
+    assert score["nodes"] == 2
     records = [
         json.loads(line)
         for log in (out / "aiperf").glob("trials/*/epochs.jsonl")
