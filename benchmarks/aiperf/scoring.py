@@ -232,7 +232,7 @@ def check_run(run_dir: Path, json_path: Path | None = None) -> int:
           f"{result.architectures} architectures, {result.trainings} trainings, {result.epochs} epochs")
     print(f"{'hours':>6} {'OPS':>12} {'best top-1':>10} {'score (regulated OPS)':>22}")
     for w in result.windows:
-        print(f"{w.hours:>6.2f} {w.ops_per_second:>12.4g} {w.best_accuracy:>10.4f} {w.score:>22.4g}")
+        print(f"{w.hours:>6.3f} {w.ops_per_second:>12.4g} {w.best_accuracy:>10.4f} {w.score:>22.4g}")
     if result.final is not None:
         print(f"AIPerf score: {result.final.ops_per_second:.4g} OPS, regulated {result.final.score:.4g}")
     verdict = "valid" if result.valid else "NOT valid"

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import mlhpc, one_error_line
+from tests.helpers.cli import cli_env, mlhpc, one_error_line
 
 # AIPerf's own profiler.py on its resnet50.json (tests/aiperf/test_ops_count.py runs it).
 RESNET50_OPS = {"eval": 7_806_583_495, "train": 23_053_458_315}
@@ -124,3 +126,29 @@ def test_the_report_plots_the_score_over_time_and_the_trials_by_node(short_run: 
     inside = short_run / "aiperf" / "plot.png"
     one_error_line(mlhpc("report", short_run, "--plot", inside), "--plot")
     assert not inside.exists()
+
+
+def test_a_node_of_two_ranks_trains_its_trial_data_parallel(tmp_path: Path) -> None:
+    """torchrun's two ranks are one node: its trials run with DDP over both, rank 0 logs them."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "mlhpc",
+            "run", "aiperf", "--config", "mini", "--out", str(out), "--first-seed", "3", *SHORT]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=cli_env())
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    lines = [json.loads(line) for p in out.glob("aiperf/trials/*/epochs.jsonl") for line in p.read_text().splitlines()]
+    assert lines and {line["node_index"] for line in lines} == {0}
+    assert len(lines) == len({(line["trial"], line["round"], line["epoch"]) for line in lines})  # logged once
+    assert "this node ran" in proc.stdout and "valid: best top-1" in proc.stdout
+
+
+def test_the_slurm_dry_run_prints_one_job_of_every_node(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = mlhpc("run", "aiperf", "--config", "mini", "--out", out, "--slurm", "--slurm-nodes", "4",
+                 "--slurm-ntasks-per-node", "2", "--dry-run", "search.duration_minutes=30")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    script = proc.stdout
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --ntasks-per-node=2" in script
+    assert "srun --kill-on-bad-exit=0 --no-kill" in script and "search.duration_minutes=30" in script
+    assert f" check {out}" in script and not out.exists()
+    bad = mlhpc("run", "aiperf", "--out", tmp_path / "o", "--slurm", "--dry-run", "--slurm-time", "1:00\n#SBATCH x")
+    one_error_line(bad, "--slurm-time")
