@@ -68,7 +68,7 @@ def test_unknown_config_name_lists_known() -> None:
 
 
 def test_unknown_benchmark_lists_known() -> None:
-    with pytest.raises(ConfigError, match="no benchmark 'cosmo'; known: cosmoflow"):
+    with pytest.raises(ConfigError, match="no benchmark 'cosmo'; known: aiperf, cosmoflow"):
         registry.get("cosmo")
 
 

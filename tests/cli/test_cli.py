@@ -54,7 +54,7 @@ def test_unknown_benchmark_is_a_one_line_error(tmp_path: Path, capsys: pytest.Ca
     assert main(["generate", "cosmo", "--out", str(tmp_path)]) == 2
     assert (
         capsys.readouterr().err
-        == "mlhpc: error: no benchmark 'cosmo'; known: cosmoflow, deepcam, extreme_weather\n"
+        == "mlhpc: error: no benchmark 'cosmo'; known: aiperf, cosmoflow, deepcam, extreme_weather\n"
     )
 
 
