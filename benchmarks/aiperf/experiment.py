@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -134,6 +135,32 @@ def _number(data: dict[str, Any], key: str, low: float, high: float) -> float:
     if type(value) not in (int, float) or not low <= value <= high:
         raise ValueError(f"{key}={str(value)[:40]} is not a number from {low} to {high}")
     return float(value)
+
+
+MAX_MODEL_BYTES = 16 * 2**20
+"""A graph JSON of the 10,000 layers graph.py allows is under 1 MB; more is not one of ours."""
+
+
+def read_small(path: Path, limit: int) -> bytes:
+    """A run file's bytes: a regular file (not a link, FIFO or device) of at most `limit` bytes, else
+    one DataError naming it (the nodes' files are read as hostile)."""
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode):
+            raise DataError(f"{path}: not a regular file; an AIPerf run writes it as one, move it away")
+        if info.st_size > limit:
+            raise DataError(f"{path}: {info.st_size} bytes, over the {limit} an AIPerf run writes; move it away")
+        return path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror or e}); check the run's folder") from e
+
+
+def read_graph_json(path: Path) -> Any:
+    """An architecture's model.json, parsed (Graph.from_json validates what it holds)."""
+    try:
+        return json.loads(read_small(path, MAX_MODEL_BYTES))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise DataError(f"{path}: not JSON ({e.__class__.__name__}); it is the architecture's graph") from e
 
 
 def node_from_env() -> tuple[int, int] | None:

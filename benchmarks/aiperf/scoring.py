@@ -13,14 +13,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc.benchmarks.aiperf.experiment import RUN_DIR, RUN_FILE, RunFacts, read_run_facts
+from mlhpc.benchmarks.aiperf.experiment import (
+    RUN_DIR,
+    RUN_FILE,
+    RunFacts,
+    read_graph_json,
+    read_run_facts,
+    read_small,
+)
 from mlhpc.benchmarks.aiperf.ops_count import OpsPerImage, ops_per_image
 from mlhpc.common.errors import DataError
 from mlhpc.submission_checker.aiperf import EpochRecord, Window, final, valid, windows
 
 SCORE_FORMAT = "mlhpc-aiperf-score/1"
 """The first key of the JSON `mlhpc check --json` and `mlhpc report --json` write of a run."""
-MAX_MODEL_BYTES = 16 * 2**20
 MAX_LOG_BYTES = 64 * 2**20
 _ARCH = re.compile(r"\d{5,9}\Z")
 _HP = re.compile(r"hp_(\d{1,4})\.json\Z")
@@ -128,26 +134,13 @@ def _real_dir(path: Path) -> bool:
     return stat.S_ISDIR(path.lstat().st_mode)
 
 
-def _read_small(path: Path, limit: int) -> bytes:
-    info = path.lstat()
-    if not stat.S_ISREG(info.st_mode):
-        raise DataError(f"{path}: not a regular file; an AIPerf run writes it as one, move it away")
-    if info.st_size > limit:
-        raise DataError(f"{path}: {info.st_size} bytes, over the {limit} an AIPerf run writes; move it away")
-    return path.read_bytes()
-
-
 def _model(folder: Path) -> dict[str, Any] | None:
     from mlhpc.benchmarks.aiperf.graph import Graph
 
     path = folder / "model.json"
     if not path.exists():
         return None
-    try:
-        data = json.loads(_read_small(path, MAX_MODEL_BYTES))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise DataError(f"{path}: not JSON ({e.__class__.__name__}); it is the architecture's graph") from e
-    return Graph.from_json(data, str(path)).to_json()  # validated: the counter trusts its shapes
+    return Graph.from_json(read_graph_json(path), str(path)).to_json()  # validated: the counter trusts its shapes
 
 
 def _rounds(folder: Path) -> dict[int, int]:
@@ -158,9 +151,9 @@ def _rounds(folder: Path) -> dict[int, int]:
         if not found:
             continue
         try:
-            data = json.loads(_read_small(path, 2**16))
+            data = json.loads(read_small(path, 2**16))
             kernel = data["hyperparameter"]["kernel_size"]
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError) as e:
             raise DataError(f"{path}: not a training's hyperparameters ({e.__class__.__name__})") from e
         if type(kernel) is not int or not 1 <= kernel <= 31:
             raise DataError(f"{path}: kernel_size {str(kernel)[:20]} is not an int from 1 to 31")
@@ -174,7 +167,7 @@ def _epochs(folder: Path, rounds: set[int], facts: RunFacts) -> list[tuple[Epoch
     path = folder / "epochs.jsonl"
     if not path.exists():
         return []
-    lines = _read_small(path, MAX_LOG_BYTES).split(b"\n")
+    lines = read_small(path, MAX_LOG_BYTES).split(b"\n")
     torn_last = lines[-1] != b""
     found = []
     for number, raw in enumerate(lines[:-1] if not torn_last else lines, start=1):

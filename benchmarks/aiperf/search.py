@@ -24,6 +24,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from mlhpc.benchmarks.aiperf.config import AIPerfConfig
+from mlhpc.benchmarks.aiperf.experiment import read_graph_json
 from mlhpc.common.safeio.fileio import atomic_write_text
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def next_plan(
     params = trial.params
     if previous is not None and previous.round + 1 < cfg.search.hp_rounds:
         arch, round_, parent, morph = previous.arch, previous.round + 1, previous.parent, previous.morph
-        graph = Graph.from_json(_read_json(arch_dir(out, arch) / "model.json"), str(arch_dir(out, arch)))
+        graph = Graph.from_json(read_graph_json(arch_dir(out, arch) / "model.json"), str(arch_dir(out, arch)))
     else:
         arch, round_ = trial.number, 0
         graph, weights, parent, morph = _new_architecture(study, out, cfg, rng, seed_graph, trial.number)
@@ -166,7 +167,7 @@ def _new_architecture(
             chosen = max(finished, key=lambda t: (t.value, -t.number))
         parent = int(chosen.user_attrs["arch"])
         folder = arch_dir(out, parent)
-        graph = Graph.from_json(_read_json(folder / "model.json"), str(folder / "model.json"))
+        graph = Graph.from_json(read_graph_json(folder / "model.json"), str(folder / "model.json"))
     weights = build_model(graph).state_dict()
     if cfg.search.warm_start and parent is not None:
         weights.update(_trained_weights(arch_dir(out, parent), weights))
@@ -191,15 +192,6 @@ def save_weights(weights: dict[str, Any], path: Path) -> None:
     partial = path.with_name(f".{path.name}.partial")
     torch.save(weights, partial)
     partial.replace(path)
-
-
-def _read_json(path: Path) -> Any:
-    from mlhpc.common.errors import DataError
-
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{path}: cannot read it ({e.__class__.__name__}); it is written by the run") from e
 
 
 def report(study: optuna.Study, trial: optuna.trial.Trial, accuracy: float | None) -> None:

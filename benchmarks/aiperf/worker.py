@@ -73,7 +73,18 @@ def work(out: Path, cfg: AIPerfConfig, data_root: Path, seed: int, device: str =
                 workers=cfg.data.num_workers,
             )
             log_path = arch_dir(out, plan.arch) / EPOCHS_FILE
-            outcome = run_trial(plan, model, loaders[:2], cfg, group, facts.deadline, log_path)
+            try:
+                outcome = run_trial(plan, model, loaders[:2], cfg, group, facts.deadline, log_path)
+            except torch.OutOfMemoryError:
+                if group.distributed:  # the node's other ranks wait in a collective: the node is lost
+                    raise
+                # a child too large for the device fails alone, as in AIPerf; the node goes on
+                print(f"node {group.node} trial {plan.number}: out of memory; the search goes on", flush=True)
+                report(study, trial, None)
+                previous, model = plan, None
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
             if group.leads:
                 report(study, trial, outcome.reported)
                 if cfg.search.warm_start and outcome.epochs:

@@ -12,13 +12,14 @@ import json
 import os
 import random
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlhpc.benchmarks.aiperf.experiment import NODE_ENV, RUN_DIR
+from mlhpc.benchmarks.aiperf.experiment import NODE_ENV, RUN_DIR, RUN_FILE
 from mlhpc.common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -171,13 +172,15 @@ def _submit(args: argparse.Namespace, prepared: Prepared, seed: int) -> int:
     """--slurm: one job of --slurm-nodes nodes; its srun step runs every node's ranks, then the
     batch script scores the run with mlhpc check."""
     from mlhpc.campaign.job_strings import script_path, script_words
-    from mlhpc.campaign.slurm import _sbatch, resources_from_args
+    from mlhpc.campaign.slurm import resources_from_args, sbatch_job_id
     from mlhpc.campaign.slurm_graph import directives
     from mlhpc.common.safeio.fileio import atomic_write_text
 
     opts = prepared.opts
     resources = resources_from_args(args)
     out = script_path("--out", opts.out.resolve())
+    if (out / RUN_DIR / RUN_FILE).exists():  # the job would refuse it: say so before queueing
+        raise ConfigError(f"--out {out} already holds an AIPerf run; pass a new --out for a new run")
     folder = out / "slurm"
     words = ["run", "aiperf", "--config", str(Path(opts.config).resolve()) if Path(opts.config).suffix else opts.config,
              "--out", str(out), "--first-seed", str(seed), "--no-check", "--device", opts.device]
@@ -198,9 +201,12 @@ def _submit(args: argparse.Namespace, prepared: Prepared, seed: int) -> int:
     if args.dry_run:
         print(script, end="")
         return 0
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise ConfigError("sbatch is not on PATH; submit from a Slurm login node, or pass --dry-run")
     folder.mkdir(parents=True, exist_ok=True)
     path = atomic_write_text(folder / "aiperf.sbatch", script)
-    job = _sbatch(["sbatch", "--parsable", str(path)])
+    job = sbatch_job_id([sbatch, "--parsable", str(path)])
     atomic_write_text(folder / "jobs.json", json.dumps({"aiperf": job, "seed": seed}))
     print(f"aiperf job {job}: {resources.nodes} nodes x {resources.ntasks_per_node} ranks, seed {seed}; "
           f"output in {folder}")

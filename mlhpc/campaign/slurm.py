@@ -109,7 +109,7 @@ def submit(graph: SlurmGraph, sbatch: str = "sbatch") -> dict[str, str]:
     ids: dict[str, str] = {}
     for job in graph.jobs:
         try:
-            ids[job.name] = _sbatch([executable, *graph.sbatch_argv(job, ids)[1:]])
+            ids[job.name] = sbatch_job_id([executable, *graph.sbatch_argv(job, ids)[1:]])
         except SubmissionError as e:
             raise SubmissionError(f"{e}{_cancel(ids)}") from e
     seeds = {str(job.index): {"job": ids[job.name], "seed": job.seed} for job in graph.seed_jobs}
@@ -138,7 +138,7 @@ def _cancel(ids: dict[str, str]) -> str:
     return f"; cancelled the jobs submitted before it ({listed})"
 
 
-def _sbatch(command: list[str]) -> str:
+def sbatch_job_id(command: list[str]) -> str:
     """Run one `sbatch --parsable` command: the job id it prints."""
     import shlex
 

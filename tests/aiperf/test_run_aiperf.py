@@ -152,3 +152,11 @@ def test_the_slurm_dry_run_prints_one_job_of_every_node(tmp_path: Path) -> None:
     assert f" check {out}" in script and not out.exists()
     bad = mlhpc("run", "aiperf", "--out", tmp_path / "o", "--slurm", "--dry-run", "--slurm-time", "1:00\n#SBATCH x")
     one_error_line(bad, "--slurm-time")
+
+
+@pytest.mark.parametrize("slurm", [[], ["--slurm"]], ids=["here", "slurm"])
+def test_a_second_run_into_a_finished_runs_folder_is_refused(short_run: Path, slurm: list[str]) -> None:
+    before = sorted(p.name for p in (short_run / "aiperf" / "trials").iterdir())
+    proc = mlhpc("run", "aiperf", "--config", "mini", "--out", short_run, *slurm, *SHORT)
+    one_error_line(proc, str(short_run))
+    assert sorted(p.name for p in (short_run / "aiperf" / "trials").iterdir()) == before
