@@ -24,6 +24,7 @@ from typing import Any
 from mlhpc.benchmarks.aiperf.config import AIPerfConfig
 from mlhpc.common.contract.config import to_dict
 from mlhpc.common.errors import DataError
+from mlhpc.common.printable import shown
 from mlhpc.common.safeio.fileio import atomic_write_text
 
 RUN_DIR = "aiperf"
@@ -126,14 +127,14 @@ def read_run_facts(run_dir: Path) -> RunFacts:
         if data.get("format") != FORMAT:
             raise ValueError(f"format {str(data.get('format'))[:40]!r}, not {FORMAT!r}")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path}: not an AIPerf run's facts ({str(e)[:200]}); point at an mlhpc AIPerf run") from e
+        raise DataError(f"{path}: not an AIPerf run's facts ({shown(str(e))[:200]}); point at an mlhpc AIPerf run") from e
     return facts
 
 
 def _number(data: dict[str, Any], key: str, low: float, high: float) -> float:
     value = data[key]
     if type(value) not in (int, float) or not low <= value <= high:
-        raise ValueError(f"{key}={str(value)[:40]} is not a number from {low} to {high}")
+        raise ValueError(f"{key}={repr(value)[:40]} is not a number from {low} to {high}")
     return float(value)
 
 

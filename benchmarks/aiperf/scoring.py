@@ -23,6 +23,7 @@ from mlhpc.benchmarks.aiperf.experiment import (
 )
 from mlhpc.benchmarks.aiperf.ops_count import OpsPerImage, ops_per_image
 from mlhpc.common.errors import DataError
+from mlhpc.common.printable import shown
 from mlhpc.submission_checker.aiperf import EpochRecord, Window, final, valid, windows
 
 SCORE_FORMAT = "mlhpc-aiperf-score/1"
@@ -156,7 +157,7 @@ def _rounds(folder: Path) -> dict[int, int]:
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError) as e:
             raise DataError(f"{path}: not a training's hyperparameters ({e.__class__.__name__})") from e
         if type(kernel) is not int or not 1 <= kernel <= 31:
-            raise DataError(f"{path}: kernel_size {str(kernel)[:20]} is not an int from 1 to 31")
+            raise DataError(f"{path}: kernel_size {repr(kernel)[:20]} is not an int from 1 to 31")
         rounds[int(found.group(1))] = kernel
     return rounds
 
@@ -177,7 +178,7 @@ def _epochs(folder: Path, rounds: set[int], facts: RunFacts) -> list[tuple[Epoch
         except (UnicodeDecodeError, json.JSONDecodeError, ValueError, KeyError, TypeError) as e:
             if torn_last and number == len(lines):
                 continue
-            raise DataError(f"{path}:{number}: not an epoch record ({str(e)[:120]}); it is written by the run") from e
+            raise DataError(f"{path}:{number}: not an epoch record ({shown(str(e))[:120]}); it is written by the run") from e
         found.append(record)
     return found
 
@@ -187,18 +188,18 @@ def _record(item: Any, arch: str, rounds: set[int], facts: RunFacts) -> tuple[Ep
         raise ValueError("not an object")
     round_, epoch, when, accuracy = item["round"], item["epoch"], item["time"], item["accuracy"]
     if type(round_) is not int or round_ not in rounds:
-        raise ValueError(f"round {str(round_)[:20]} has no hp_<round>.json")
+        raise ValueError(f"round {repr(round_)[:20]} has no hp_<round>.json")
     if type(epoch) is not int or not 1 <= epoch <= 10**5:
-        raise ValueError(f"epoch {str(epoch)[:20]} is not 1 to 100000")
+        raise ValueError(f"epoch {repr(epoch)[:20]} is not 1 to 100000")
     if type(when) not in (int, float) or not math.isfinite(when) or not facts.start <= when <= facts.deadline:
-        raise ValueError(f"time {str(when)[:30]} is outside the run (start to start + duration)")
+        raise ValueError(f"time {repr(when)[:30]} is outside the run (start to start + duration)")
     if type(accuracy) not in (int, float) or not 0 <= accuracy <= 1:
-        raise ValueError(f"accuracy {str(accuracy)[:30]} is not from 0 to 1")
+        raise ValueError(f"accuracy {repr(accuracy)[:30]} is not from 0 to 1")
     host, index = item.get("node", ""), item.get("node_index", 0)
     if not isinstance(host, str) or len(host) > 255 or not host.isprintable():
         raise ValueError("node is not a host name")
     if type(index) is not int or not 0 <= index < 10**6:
-        raise ValueError(f"node_index {str(index)[:20]} is not a node's index")
+        raise ValueError(f"node_index {repr(index)[:20]} is not a node's index")
     node = f"node {index} ({host})" if host else f"node {index}"
     record = EpochRecord(trial=arch, hp=round_, epoch=epoch, time=float(when), accuracy=float(accuracy))
     return record, node
