@@ -53,6 +53,8 @@ PID_MAX = 2**22
 """Linux's PID_MAX_LIMIT: no process has a larger pid."""
 
 
+CLAIMING_SUFFIX = ".claiming"
+"""A folder being claimed: made under this name, marked, then renamed to its own (claim_stage_dir)."""
 TRASH_SUFFIX = ".trash"
 """A claimed folder being removed is first renamed `<name>.trash`: one atomic step that says "its
 owner is done with it", so that a later run finishes the removal even if its pid lives on."""
@@ -61,8 +63,9 @@ owner is done with it", so that a later run finishes the removal even if its pid
 def claim_stage_dir(folder: Path, out: str | os.PathLike[str]) -> None:
     """Make `folder` and write its owner (user, host, boot, pid, the pid's start, --out) into it
     before anything else, so that after a SIGKILL the next run can prove the folder is mlhpc's
-    and its owner gone. `mlhpc stage-bench` claims its folders the same way."""
-    folder.mkdir(parents=True, exist_ok=True)
+    and its owner gone. `mlhpc stage-bench` claims its folders the same way. A new folder is made
+    as `<name>.claiming` with the marker inside and then renamed: a SIGKILL between a plain mkdir
+    and the marker left an unmarked folder that no later run could prove ours."""
     pid = os.getpid()
     owner = {
         "uid": os.getuid(),
@@ -74,7 +77,21 @@ def claim_stage_dir(folder: Path, out: str | os.PathLike[str]) -> None:
         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "out": str(Path(out).absolute()),
     }
-    atomic_write_text(folder / STAGE_OWNER, json.dumps(owner) + "\n")
+    text = json.dumps(owner) + "\n"
+    if folder.is_dir():  # made by the caller (stage-bench's marked folders): marked in place
+        atomic_write_text(folder / STAGE_OWNER, text)
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    claiming = folder.with_name(folder.name + CLAIMING_SUFFIX)
+    for _ in range(3):
+        claiming.mkdir(exist_ok=True)
+        try:
+            atomic_write_text(claiming / STAGE_OWNER, text)
+        except FileNotFoundError:  # another run's sweep removed it while it was empty: again
+            continue
+        os.rename(claiming, folder)
+        return
+    raise OSError(f"cannot claim {folder}: its folder kept disappearing")
 
 
 def remove_claimed_dir(folder: Path) -> bool:
@@ -145,7 +162,9 @@ def remove_stale_stage_dirs(root: Path, prefix: str = STAGE_PREFIX) -> list[Path
         trash = folder.name.endswith(TRASH_SUFFIX)
         owner = _read_owner(folder / STAGE_OWNER)
         if owner is None:
-            if trash:  # the marker went last: an empty folder is all that can be left (rmdir only)
+            # trash: the marker went last; claiming: a claim killed before its marker. Either way
+            # an empty folder is all that can be left (rmdir only: it removes nothing else).
+            if trash or folder.name.endswith(CLAIMING_SUFFIX):
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
             continue

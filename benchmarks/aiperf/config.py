@@ -134,8 +134,17 @@ class ScoreConfig:
     """Top-1 accuracy a valid run reaches (70 % on ImageNet in AIPerf's rules)."""
     first_window_hours: float = 0.2
     step_hours: float = 0.1
+    train_images: int | None = None
+    """Images an epoch's training counts; None: the dataset's. AIPerf's score.py counts 1,280,000
+    (ImageNet has 1,281,167), so `full` sets it, for scores comparable with AIPerf's."""
+    eval_images: int | None = None
+    """Images an epoch's evaluation counts; None: the dataset's (AIPerf: 50,000)."""
 
     def __post_init__(self) -> None:
+        for name in ("train_images", "eval_images"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"score.{name}={value} must be positive, or null for the dataset's count")
         if not 0.0 < self.threshold < 1.0:
             raise ValueError(f"score.threshold={self.threshold} must be an accuracy between 0 and 1")
         check_positive("score.first_window_hours", self.first_window_hours)

@@ -26,6 +26,8 @@ from mlhpc.common.errors import DataError
 from mlhpc.common.printable import shown
 from mlhpc.submission_checker.aiperf import EpochRecord, Window, final, valid, windows
 
+MAX_WINDOWS = 100_000
+"""A run's score windows at most: a year at AIPerf's 0.1 h is 87,600."""
 SCORE_FORMAT = "mlhpc-aiperf-score/1"
 """The first key of the JSON `mlhpc check --json` and `mlhpc report --json` write of a run."""
 MAX_LOG_BYTES = 64 * 2**20
@@ -76,12 +78,7 @@ def find_run(path: Path) -> Path | None:
 def score_run(run_dir: Path) -> RunScore:
     facts = read_run_facts(run_dir)
     config = _config(run_dir)
-    score_cfg = config.get("score", {})
-    threshold = float(score_cfg.get("threshold", 0.7))
-    first = float(score_cfg.get("first_window_hours", 0.2))
-    step = float(score_cfg.get("step_hours", 0.1))
-    if not (0 < threshold < 1 and 0 < first <= 10**4 and 0 < step <= 10**4):
-        raise DataError(f"{run_dir / RUN_FILE}: score settings out of range; it is written by mlhpc run aiperf")
+    threshold, first, step, train_images, eval_images = _score_settings(run_dir, config, facts)
     records: list[EpochRecord] = []
     points: list[Point] = []
     ops: dict[tuple[str, int], OpsPerImage] = {}
@@ -103,7 +100,7 @@ def score_run(run_dir: Path) -> RunScore:
     records.sort(key=lambda r: r.time)
     points.sort(key=lambda p: p.seconds)
     scored = windows(
-        records, ops, facts.start, train_images=facts.train_images, eval_images=facts.eval_images,
+        records, ops, facts.start, train_images=train_images, eval_images=eval_images,
         first_hours=first, step_hours=step, duration_hours=facts.duration_s / 3600.0,
     )
     best = max((r.accuracy for r in records), default=0.0)
@@ -120,6 +117,28 @@ def score_run(run_dir: Path) -> RunScore:
         duration_s=facts.duration_s,
         points=points,
     )
+
+
+def _score_settings(run_dir: Path, config: dict[str, Any], facts: RunFacts) -> tuple[float, float, float, int, int]:
+    """(threshold, first window, step, train and eval images an epoch) from the run's config."""
+    score_cfg = config.get("score", {})
+    try:
+        if not isinstance(score_cfg, dict):
+            raise TypeError("score is not a mapping")
+        threshold = float(score_cfg.get("threshold", 0.7))
+        first = float(score_cfg.get("first_window_hours", 0.2))
+        step = float(score_cfg.get("step_hours", 0.1))
+        train_images = score_cfg.get("train_images") or facts.train_images
+        eval_images = score_cfg.get("eval_images") or facts.eval_images
+        if not (0 < threshold < 1 and 0 < first <= 10**4 and 0 < step <= 10**4) or not all(
+            type(n) is int and 0 < n < 2**40 for n in (train_images, eval_images)
+        ):
+            raise ValueError("out of range")
+        if facts.duration_s / 3600.0 / step > MAX_WINDOWS:  # numpy.arange would build them all
+            raise ValueError(f"step_hours {step} makes over {MAX_WINDOWS} windows")
+    except (TypeError, ValueError, OverflowError) as e:
+        raise DataError(f"{run_dir / RUN_FILE}: score settings {e}; it is written by mlhpc run aiperf") from e
+    return threshold, first, step, train_images, eval_images
 
 
 def _config(run_dir: Path) -> dict[str, Any]:

@@ -65,6 +65,13 @@ def _characterize(args: argparse.Namespace) -> int:
         return 0
     if args.benchmark is None:
         raise ConfigError("mlhpc characterize: name a benchmark (e.g. cosmoflow), or pass --compare A B")
+    from mlhpc.common.contract import catalog
+
+    if catalog.info(args.benchmark).workload == "automl":  # its trials are a search, not the loop's step
+        raise ConfigError(
+            f"mlhpc characterize times the training loop's step; {args.benchmark} is an AutoML search: "
+            f"mlhpc run {args.benchmark} --dry-run gives its seed's operations a sample"
+        )
     for flag, value in (("--steps", args.steps), ("--io-samples", args.io_samples), ("--ranks", args.ranks)):
         if value < 1:
             raise ConfigError(f"mlhpc characterize {flag} {value}: it must be at least 1")

@@ -251,12 +251,11 @@ def _run(args: argparse.Namespace) -> int:
         )
     opts = from_args(args)
     prepared = prepare(opts)
+    _refuse_before_anything(args, prepared)
     if prepared.resolved.info.workload == "automl":  # a search for a duration (AIPerf), not seeds to target
         from mlhpc.common.contract.catalog import load_object
 
-        _refuse_before_anything(args, prepared)
         return int(load_object(prepared.resolved.info.runner)(args, prepared))
-    _refuse_before_anything(args, prepared)
     seed_file = _check_output_flags(args, opts)
     # Staged copies under the dataset they copy would be read back as part of it.
     if opts.data is not None:

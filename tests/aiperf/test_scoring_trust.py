@@ -105,3 +105,22 @@ def test_any_run_facts_are_scored_or_one_data_error(tmp_path_factory, key: str, 
         assert "\n" not in str(e) and ("aiperf.json" in str(e) or "epochs.jsonl:1" in str(e))
         return
     assert all(math.isfinite(w.score) for w in score.windows)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["threshold", "first_window_hours", "step_hours", "train_images", "eval_images", None]),
+       value=VALUES)
+def test_any_score_settings_are_scored_or_one_data_error(tmp_path_factory, key: str | None, value) -> None:
+    run = make_run(tmp_path_factory.mktemp("h") / "run", [epoch(1, 100, 0.5)])
+    facts = json.loads((run / "aiperf.json").read_text())
+    if key is None:
+        facts["config"]["score"] = value
+    else:
+        facts["config"]["score"][key] = value
+    (run / "aiperf.json").write_text(json.dumps(facts, allow_nan=True))
+    try:
+        score = score_run(run)
+    except DataError as e:
+        assert "\n" not in str(e) and "aiperf.json" in str(e)
+        return
+    assert all(math.isfinite(w.score) for w in score.windows)

@@ -296,6 +296,23 @@ def test_only_folders_of_gone_owners_on_this_host_are_removed(tmp_path: Path) ->
     assert remove_stale_stage_dirs(tmp_path / "missing") == []
 
 
+def test_a_claim_is_made_whole_and_one_killed_before_its_marker_is_swept(tmp_path: Path) -> None:
+    """claim_stage_dir makes `<name>.claiming`, marks it and renames it: a SIGKILL between the mkdir
+    and the marker leaves an empty `.claiming` folder, which the next sweep removes (rmdir: nothing
+    else); an unmarked one with anything in it is left alone, as every unprovable folder is."""
+    claimed = tmp_path / "mlhpc-stage-cosmoflow-new"
+    claim_stage_dir(claimed, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [claimed.name]
+    assert json.loads((claimed / STAGE_OWNER).read_text())["pid"] == os.getpid()
+    killed_early = tmp_path / "mlhpc-stage-cosmoflow-a.claiming"
+    killed_early.mkdir()
+    not_provable = tmp_path / "mlhpc-stage-cosmoflow-b.claiming"
+    not_provable.mkdir()
+    (not_provable / "something").write_bytes(b"x")
+    assert remove_stale_stage_dirs(tmp_path) == []
+    assert not killed_early.exists() and not_provable.is_dir() and claimed.is_dir()
+
+
 @pytest.mark.slow
 def test_a_sigkilled_runs_staging_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
     local = tmp_path / "local"

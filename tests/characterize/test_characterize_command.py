@@ -125,6 +125,7 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         (("cosmoflow", "--analytic", "--out", str(tmp_path / "theirs")), "not a page of mlhpc characterize"),
         (("deepcam", "--config", "full", "--batch-size", "64", "--out", str(tmp_path / "c")), "a step needs about"),
         (("cosmoflow", "--memory-batches", "2,0", "--out", str(tmp_path / "c")), "at least 1"),
+        (("aiperf", "--analytic", "--out", str(tmp_path / "c")), "aiperf is an AutoML search"),
     ]
     for args, needle in cases:
         one_error_line(characterize(*args, cwd=tmp_path), needle)
