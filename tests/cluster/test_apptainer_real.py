@@ -26,6 +26,7 @@ import pytest
 
 from tests.helpers.cli import REPO
 from tests.helpers.cluster_runs import QUICK, TO_TARGET, assert_success, dataset
+from tests.helpers.horovod_build import refuse_ungrouped
 from tests.helpers.vcluster_fixture import VCluster
 
 # One worker runs the whole module (its image is built once), and first: the build overlaps the rest.
@@ -54,8 +55,9 @@ def image_script(command: str, work: Path, timeout: float) -> subprocess.Complet
 
 
 @pytest.fixture(scope="module")
-def image_work() -> Iterator[Path]:
+def image_work(request: pytest.FixtureRequest) -> Iterator[Path]:
     """mlhpc.def built into WORK/mlhpc.sif (on disk: /var/tmp, not the tmpfs /run)."""
+    refuse_ungrouped(request)
     reason = apptainer_missing()
     if reason:
         pytest.skip(reason)

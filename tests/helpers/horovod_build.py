@@ -42,3 +42,22 @@ def ci_order(items: list[pytest.Item]) -> None:
         return 2 if item.get_closest_marker("horovod") is not None else 1
 
     items.sort(key=rank)
+
+
+
+def refuse_ungrouped(request: pytest.FixtureRequest) -> None:
+    """Fail a module fixture whose tests `--dist loadgroup` did not keep together. xdist groups the
+    tests marked `xdist_group` by a `@group` it appends to their ids, which pytest 9.2 no longer
+    lets it write (pytest-xdist#1386): spread over the workers, each would build its own container
+    image (minutes and gigabytes each) and their containers would fill the disk together."""
+    if not request.config.getvalue("loadgroup"):  # set on xdist's workers under --dist loadgroup only
+        return
+    module = request.node.path
+    lost = [item.nodeid for item in request.session.items if item.path == module and "@" not in item.nodeid]
+    if lost:
+        pytest.fail(
+            f"--dist loadgroup did not keep {module.name}'s tests on one worker (pytest "
+            f"{pytest.__version__}, pytest-xdist#1386): install the dev extra's pytest "
+            "(pip install -e '.[dev]')",
+            pytrace=False,
+        )
