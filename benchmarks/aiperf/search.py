@@ -179,10 +179,15 @@ def _trained_weights(folder: Path, fresh: dict[str, Any]) -> dict[str, Any]:
     """The parent's last trained weights, those of the same names and shapes as its graph's."""
     import torch
 
-    saved = sorted(folder.glob(TRAINED_WEIGHTS.format(round="*")))
-    if not saved:
+    prefix, suffix = TRAINED_WEIGHTS.split("{round}")
+    rounds = {}
+    for path in folder.glob(TRAINED_WEIGHTS.format(round="*")):
+        number = path.name[len(prefix) : -len(suffix)]
+        if number.isdigit():
+            rounds[int(number)] = path
+    if not rounds:
         return {}
-    weights = torch.load(saved[-1], map_location="cpu", weights_only=True)
+    weights = torch.load(rounds[max(rounds)], map_location="cpu", weights_only=True)  # its latest round
     return {k: v for k, v in weights.items() if k in fresh and getattr(v, "shape", None) == fresh[k].shape}
 
 
@@ -192,6 +197,19 @@ def save_weights(weights: dict[str, Any], path: Path) -> None:
     partial = path.with_name(f".{path.name}.partial")
     torch.save(weights, partial)
     partial.replace(path)
+
+
+def load_initial_weights(model: Any, folder: Path) -> None:
+    """Start a warm-started child from the weights its architecture's folder was given (morphed from
+    its parent's trained ones); those the kernel-size hyperparameter reshaped start fresh."""
+    import torch
+
+    path = folder / INITIAL_WEIGHTS
+    if not path.is_file():
+        return
+    weights = torch.load(path, map_location="cpu", weights_only=True)
+    own = model.state_dict()
+    model.load_state_dict({k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}, strict=False)
 
 
 def report(study: optuna.Study, trial: optuna.trial.Trial, accuracy: float | None) -> None:

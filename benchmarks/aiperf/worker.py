@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 from mlhpc.benchmarks.aiperf.config import AIPerfConfig
 from mlhpc.benchmarks.aiperf.experiment import join_run
@@ -23,9 +22,9 @@ def work(out: Path, cfg: AIPerfConfig, data_root: Path, seed: int, device: str =
     from mlhpc.benchmarks.aiperf.net import build_model
     from mlhpc.benchmarks.aiperf.node import join_node, leave_node
     from mlhpc.benchmarks.aiperf.search import (
-        INITIAL_WEIGHTS,
         TRAINED_WEIGHTS,
         arch_dir,
+        load_initial_weights,
         next_plan,
         open_study,
         report,
@@ -62,7 +61,7 @@ def work(out: Path, cfg: AIPerfConfig, data_root: Path, seed: int, device: str =
             torch.manual_seed(seed * 100003 + plan.number)  # the same initial weights on the node's ranks
             model = build_model(graph, dropout=plan.dropout, kernel_size=plan.kernel_size)
             if cfg.search.warm_start and plan.round == 0:
-                _warm_start(model, arch_dir(out, plan.arch) / INITIAL_WEIGHTS)
+                load_initial_weights(model, arch_dir(out, plan.arch))
             loaders = build_loaders(
                 index,
                 image_size=size,
@@ -95,14 +94,3 @@ def work(out: Path, cfg: AIPerfConfig, data_root: Path, seed: int, device: str =
         leave_node(group)
     return trials
 
-
-def _warm_start(model: Any, path: Path) -> None:
-    """The child's morphed weights (the kernel-size hyperparameter may have reshaped some late
-    convolutions: those start fresh)."""
-    import torch
-
-    if not path.is_file():
-        return
-    weights = torch.load(path, map_location="cpu", weights_only=True)
-    own = model.state_dict()
-    model.load_state_dict({k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}, strict=False)

@@ -5,17 +5,31 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlhpc.benchmarks.aiperf.config import AIPerfConfig, SearchConfig
 from mlhpc.benchmarks.aiperf.graph import Graph
 from mlhpc.benchmarks.aiperf.net import build_model
 from mlhpc.benchmarks.aiperf.node import NodeGroup
-from mlhpc.benchmarks.aiperf.search import arch_dir, epoch_budget, next_plan, open_study, report
+from mlhpc.benchmarks.aiperf.search import (
+    INITIAL_WEIGHTS,
+    TRAINED_WEIGHTS,
+    arch_dir,
+    epoch_budget,
+    load_initial_weights,
+    next_plan,
+    open_study,
+    report,
+    save_weights,
+)
 from mlhpc.benchmarks.aiperf.seed import resnet
 from mlhpc.benchmarks.aiperf.trial import EPOCHS_FILE, predict_accuracy, run_trial
 
@@ -68,6 +82,43 @@ def test_the_nodes_share_one_study_through_its_journal_file(tmp_path: Path) -> N
         Graph.from_json(saved, "test")
         hp = json.loads((arch_dir(tmp_path, plan.arch) / f"hp_{plan.round}.json").read_text())
         assert hp["hyperparameter"]["kernel_size"] == plan.kernel_size
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_warm_started_child_begins_as_its_trained_parent_ends(seed: int) -> None:
+    """search.warm_start: the child's first weights are its parent's trained ones carried through
+    the morph (a random one per seed), so before its own training it answers as the trained parent."""
+    with tempfile.TemporaryDirectory() as folder:
+        _warm_start_round_trip(Path(folder), seed)
+
+
+def _warm_start_round_trip(tmp_path: Path, seed: int) -> None:
+    cfg = replace(TINY, search=replace(TINY.search, warm_start=True, hp_rounds=1))
+    seed_graph, rng = tiny_seed(), random.Random(seed)
+    study = open_study(tmp_path, seed=seed)
+    first, trial, graph = next_plan(study, tmp_path, cfg, 1, rng, None, seed_graph)
+    torch.manual_seed(seed)
+    parent = build_model(graph, dropout=first.dropout, kernel_size=first.kernel_size)
+    with torch.no_grad():  # "trained": weights and batch-norm statistics far from their start
+        for p in parent.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+        parent.train()
+        for _ in range(3):
+            parent(torch.randn(8, 3, 16, 16) * 2 + 1)
+    save_weights(parent.state_dict(), arch_dir(tmp_path, first.arch) / TRAINED_WEIGHTS.format(round=0))
+    report(study, trial, 0.5)
+    child_plan, _, child_graph = next_plan(study, tmp_path, cfg, 1, rng, first, seed_graph)
+    assert child_plan.parent == first.arch and (arch_dir(tmp_path, child_plan.arch) / INITIAL_WEIGHTS).is_file()
+    child = build_model(child_graph, dropout=child_plan.dropout, kernel_size=child_plan.kernel_size)
+    load_initial_weights(child, arch_dir(tmp_path, child_plan.arch))
+    images = torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+    parent.eval()
+    child.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(child(images), parent(images), atol=1e-4, rtol=1e-4)
+        fresh = build_model(child_graph, dropout=child_plan.dropout, kernel_size=child_plan.kernel_size).eval()
+        assert not torch.allclose(fresh(images), parent(images), atol=1e-2)  # a cold start would not
 
 
 def _loader(n: int, classes: int = 4, size: int = 16, batch: int = 8) -> torch.utils.data.DataLoader:
