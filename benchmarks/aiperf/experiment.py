@@ -9,14 +9,10 @@ the checker reads them on a login node; worker.py is each node's loop in it). `<
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
 import stat
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +22,12 @@ from mlhpc.common.contract.config import to_dict
 from mlhpc.common.errors import DataError
 from mlhpc.common.printable import shown
 from mlhpc.common.safeio.fileio import atomic_write_text
+from mlhpc.common.safeio.locks import folder_lock
 
 RUN_DIR = "aiperf"
 RUN_FILE = "aiperf.json"
 FORMAT = "mlhpc-aiperf/1"
-LOCK_FILE = ".aiperf.lock"
-JOIN_TIMEOUT_S = 600.0
+JOIN_TIMEOUT_S = 600.0  # a node waits this long for another that is starting or joining the run
 NODE_ENV = "MLHPC_AIPERF_NODE"
 """Set by `mlhpc run aiperf --instances K` for each one-rank node it starts on one machine: `<node>/<nodes>`."""
 
@@ -52,33 +48,13 @@ class RunFacts:
         return self.start + self.duration_s
 
 
-@contextlib.contextmanager
-def run_lock(folder: Path) -> Iterator[None]:
-    """Wait for the run folder's lock (a POSIX lock: NFS and Lustre pass it between nodes, and a
-    killed holder's lock is dropped by the kernel)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-    try:
-        waited_until = time.monotonic() + JOIN_TIMEOUT_S
-        while True:
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EACCES, errno.EAGAIN) or time.monotonic() > waited_until:
-                    raise DataError(f"cannot lock {folder / LOCK_FILE} ({e.strerror}); check the file system") from e
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)
-
-
 def join_run(
     out: Path, cfg: AIPerfConfig, train_images: int, eval_images: int, classes: int, seed: int, nodes: int
 ) -> RunFacts:
     """The run in `out`: started by the first node to come (which writes aiperf.json), joined by the
     others. A finished run's folder is refused: its score would mix two runs."""
-    with run_lock(out):
+    joining = f"an AIPerf node joining the run (seed {seed})"
+    with folder_lock(out, joining, "wait for it, or stop it if it hangs", wait_s=JOIN_TIMEOUT_S):
         path = out / RUN_FILE
         if not path.exists():
             facts = RunFacts(

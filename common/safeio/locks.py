@@ -32,10 +32,11 @@ class FolderBusy(MlhpcError):
 
 
 @contextmanager
-def folder_lock(folder: Path, what: str, fix: str) -> Iterator[Path]:
+def folder_lock(folder: Path, what: str, fix: str, wait_s: float = 0.0) -> Iterator[Path]:
     """Hold `folder`'s lock for the `with` block (making `folder` if needed), saying `what` this
-    process does there; a held lock is a `FolderBusy` naming the holder, its `what`, and `fix`. Within one process
-    POSIX locks do not exclude each other, so take each folder's lock once per process."""
+    process does there. A lock held by another process is waited for up to `wait_s` (0: not at all),
+    then is a `FolderBusy` naming the holder, its `what`, and `fix`. Within one process POSIX locks
+    do not exclude each other, so take each folder's lock once per process."""
     folder = Path(folder)
     path = folder / LOCK_NAME
     try:
@@ -49,12 +50,17 @@ def folder_lock(folder: Path, what: str, fix: str) -> Iterator[Path]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted under the name
             raise MlhpcError(f"{shown(path)} is not a regular file; move it away (mlhpc makes its own)")
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise MlhpcError(f"cannot lock {path} ({e.strerror}); check the file system") from e
-            raise FolderBusy(f"{folder} is in use by {_holder(fd)}; {fix}") from None
+        waited_until = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise MlhpcError(f"cannot lock {path} ({e.strerror}); check the file system") from e
+                if time.monotonic() >= waited_until:
+                    raise FolderBusy(f"{folder} is in use by {_holder(fd)}; {fix}") from None
+                time.sleep(0.2)
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "what": what}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,6 +250,25 @@ def test_a_lock_record_with_terminal_codes_is_shown_as_text(held_folder: Path) -
     with pytest.raises(FolderBusy) as busy, folder_lock(held_folder, "a test", "wait"):
         pass
     assert "pid 42 on node\\x1b[2K\\x0dPASSED (x\\u202e)" in str(busy.value)
+
+
+def test_a_waiting_lock_takes_the_folder_when_its_holder_lets_go_and_is_busy_past_its_wait(
+    tmp_path: Path,
+) -> None:
+    with lock_held_elsewhere(tmp_path):
+        started = time.monotonic()
+        with pytest.raises(FolderBusy), folder_lock(tmp_path, "a test", "wait", wait_s=0.6):
+            pytest.fail("the lock was taken although another process holds it")
+        assert time.monotonic() - started >= 0.6
+    holder = lock_held_elsewhere(tmp_path)
+    holder.__enter__()
+    letting_go = threading.Timer(0.5, holder.__exit__, (None, None, None))
+    letting_go.start()
+    try:
+        with folder_lock(tmp_path, "a test", "wait", wait_s=60) as path:
+            assert json.loads(path.read_text())["pid"] == os.getpid()
+    finally:
+        letting_go.join()
 
 
 def test_a_fifo_as_lock_file_is_one_line(tmp_path: Path) -> None:
