@@ -60,6 +60,7 @@ def test_a_returned_gpu_record_merges_newest_first_once(tmp_path: Path) -> None:
         (b"## 2026-11-28: GPU suite\n" + b"x" * 300_000, "regular file of at most"),
         (b"## 2026-11-28: GPU suite\n\0", "does not open with"),
     ],
+    ids=["other-heading", "not-utf8", "too-large", "nul-byte"],  # an id made of 300 kB would reach argv
 )
 def test_a_returned_record_that_is_not_one_is_refused_in_one_line(
     tmp_path: Path, content: bytes, why: str

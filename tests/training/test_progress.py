@@ -171,7 +171,9 @@ def test_an_interrupted_run_prints_the_command_that_finishes_it(tmp_path: Path) 
         finally:
             proc.kill()
         assert proc.returncode == 128 + sig, err[-2000:]
-        (line,) = err.splitlines()
+        lines = err.splitlines()
+        assert len(lines) == 1, err[-2000:]
+        line = lines[0]
         prefix = f"mlhpc: {how}; to finish the campaign (finished runs are kept): "
         assert line.startswith(prefix), line
         command = shlex.split(line[len(prefix) :])
