@@ -1,6 +1,7 @@
 """`mlhpc run` of an AutoML workload (AIPerf): the run on this machine's ranks (one node; `--instances K` makes K one-rank
 nodes of it), each rank of an `srun`/`torchrun` launch as one rank of its node, or (--slurm) one
-batch job whose srun step runs every node, followed by `mlhpc check` of the run.
+batch job whose srun step runs every node (in --container's image where one is given), followed
+by `mlhpc check` of the run.
 
 Torch is imported only where a rank trains: the login node submits without it.
 """
@@ -68,7 +69,6 @@ def _refuse_what_does_not_apply(args: argparse.Namespace, opts: Any) -> None:
         "--index": opts.index is not None,
         "--power": opts.power,
         "--seed-file": getattr(args, "seed_file", None) is not None,
-        "--container": args.container is not None,
         "--staging": opts.staging != "inside",
         "--clear-cache": opts.clear_cache,
     }
@@ -179,23 +179,24 @@ def _submit(args: argparse.Namespace, prepared: Prepared, seed: int) -> int:
     opts = prepared.opts
     resources = resources_from_args(args)
     out = script_path("--out", opts.out.resolve())
+    data = None if opts.data is None else script_path("--data", opts.data.resolve())
     if (out / RUN_DIR / RUN_FILE).exists():  # the job would refuse it: say so before queueing
         raise ConfigError(f"--out {out} already holds an AIPerf run; pass a new --out for a new run")
     folder = out / "slurm"
     words = ["run", "aiperf", "--config", str(Path(opts.config).resolve()) if Path(opts.config).suffix else opts.config,
              "--out", str(out), "--first-seed", str(seed), "--no-check", "--device", opts.device]
-    if opts.data is not None:
-        words += ["--data", str(script_path("--data", opts.data.resolve()))]
+    if data is not None:
+        words += ["--data", str(data)]
     words += list(opts.overrides)
     script_words("the run's options", words)
-    python = [sys.executable, "-m", "mlhpc"]
+    node_mlhpc, check_mlhpc = _mlhpc_in_job(resources, (out, *([data] if data else [])))
     lines = [
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives(resources, job_name="mlhpc-aiperf", output=folder / "aiperf-%j.out")),
         "# mlhpc run aiperf: every node searches until the run's duration is over, then the run is scored",
         # a node lost mid-run takes its own trial alone: the step and the job go on without it
-        f"srun --kill-on-bad-exit=0 --no-kill {shlex.join([*python, *words])}",
-        f"{shlex.join([*python, 'check', str(out)])} --json {shlex.quote(str(folder / 'check-'))}\"$SLURM_JOB_ID\".json",
+        f"srun --kill-on-bad-exit=0 --no-kill {shlex.join([*node_mlhpc, *words])}",
+        f"{shlex.join([*check_mlhpc, 'check', str(out)])} --json {shlex.quote(str(folder / 'check-'))}\"$SLURM_JOB_ID\".json",
     ]
     script = "\n".join(lines) + "\n"
     if args.dry_run:
@@ -211,3 +212,23 @@ def _submit(args: argparse.Namespace, prepared: Prepared, seed: int) -> int:
     print(f"aiperf job {job}: {resources.nodes} nodes x {resources.ntasks_per_node} ranks, seed {seed}; "
           f"output in {folder}")
     return 0
+
+
+def _mlhpc_in_job(resources: Any, folders: tuple[Path, ...]) -> tuple[list[str], list[str]]:
+    """How the job calls mlhpc: for every node's ranks (after `srun [options]`), and for the check
+    (a whole command). Without --container, the submitting Python's; with it, the image's, with
+    --out and --data bound at their own paths (a run's trials read --data on the shared file system:
+    no node-local folder) and the check in one task of srun without GPUs (pyxis starts a container
+    only under srun)."""
+    if resources.container is None:
+        python = [sys.executable, "-m", "mlhpc"]
+        return python, python
+    from dataclasses import replace
+
+    kept: list[Path] = []
+    for folder in sorted(set(folders)):
+        if not any(folder.is_relative_to(k) for k in kept):
+            kept.append(folder)
+    container = replace(resources.container, binds=tuple(str(k) for k in kept))
+    node = [*container.words(gpus=resources.gpus), "mlhpc"]
+    return node, ["srun", "--ntasks=1", *container.words(gpus=False), "mlhpc"]

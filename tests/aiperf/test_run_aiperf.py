@@ -154,6 +154,32 @@ def test_the_slurm_dry_run_prints_one_job_of_every_node(tmp_path: Path) -> None:
     one_error_line(bad, "--slurm-time")
 
 
+def test_the_slurm_job_runs_every_node_and_the_check_in_the_container(tmp_path: Path) -> None:
+    """--container: each node's ranks run the image's mlhpc (srun, then the runtime's words), with
+    --out and --data bound at their own paths; the check runs in one task of it, without GPUs."""
+    out, data, image = tmp_path / "out", tmp_path / "imagenet", tmp_path / "mlhpc.sif"
+    data.mkdir()
+    image.write_bytes(b"")
+    proc = mlhpc("run", "aiperf", "--config", "mini", "--out", out, "--data", data, "--slurm", "--slurm-nodes",
+                 "2", "--container", image, "--sbatch-arg=--gpus-per-node=4", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (step,) = [line for line in proc.stdout.splitlines() if line.startswith("srun --kill-on-bad-exit=0")]
+    assert step.startswith(f"srun --kill-on-bad-exit=0 --no-kill apptainer exec --nv --bind={data},{out} {image} "
+                           "mlhpc run aiperf ")
+    (check,) = [line for line in proc.stdout.splitlines() if " check " in line]
+    assert check.startswith(f"srun --ntasks=1 apptainer exec --bind={data},{out} {image} mlhpc check {out} ")
+    within = tmp_path / "o2"  # --data inside --out: --out alone is bound
+    (within / "imagenet").mkdir(parents=True)
+    pyxis = mlhpc("run", "aiperf", "--config", "mini", "--out", within, "--slurm", "--dry-run",
+                  "--container", "docker://site/mlhpc:1", "--data", within / "imagenet")
+    assert pyxis.returncode == 0, pyxis.stderr[-2000:]
+    mounts = f"--container-image=docker://site/mlhpc:1 --container-mounts={within}:{within} mlhpc "
+    assert f"srun --kill-on-bad-exit=0 --no-kill {mounts}run aiperf" in pyxis.stdout
+    assert f"srun --ntasks=1 {mounts}check {within}" in pyxis.stdout
+    local = mlhpc("run", "aiperf", "--config", "mini", "--out", tmp_path / "o3", "--container", image)
+    one_error_line(local, "--slurm")
+
+
 @pytest.mark.parametrize("slurm", [[], ["--slurm"]], ids=["here", "slurm"])
 def test_a_second_run_into_a_finished_runs_folder_is_refused(short_run: Path, slurm: list[str]) -> None:
     before = sorted(p.name for p in (short_run / "aiperf" / "trials").iterdir())

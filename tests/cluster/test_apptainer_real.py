@@ -207,3 +207,41 @@ def test_a_slurm_campaign_with_container_trains_each_seed_inside_the_image(
     assert len(runs) == 2 and all(r["compliant"] for r in runs), runs
     said = (out / "slurm" / f"check-{jobs['check']}.out").read_text()
     assert re.search(r"2 of \d+ runs: not yet a scoreable entry", said), said[-2000:]
+
+
+def test_a_slurm_aiperf_search_runs_every_node_and_its_check_inside_the_image(
+    vcluster: VCluster, image_work: Path, cluster_work: Path
+) -> None:
+    """`mlhpc run aiperf --slurm --slurm-nodes 2 --container mlhpc.sif` on the login host: the job's
+    srun step runs each node's search in its own container, sharing the study through --out (bound
+    in), and the job's own check scores the run in the image too."""
+    data, out = cluster_work / "data" / "aiperf", cluster_work / "aiperf"
+    as_all = ["sh", "-c", 'umask 0 && exec "$@"', "sh"]  # folders made outside, written inside
+    vcluster.exec("login", [*as_all, "mlhpc", "generate", "aiperf", "--config", "mini", "--out", str(data)],
+                  env=on_path(cluster_work), timeout=180)
+    command = ["mlhpc", "run", "aiperf", "--config", "mini", "--data", str(data), "--out", str(out), "--slurm",
+               "--slurm-nodes", "2", "--slurm-time", "00:15:00", "--container", str(image_work / "mlhpc.sif"),
+               "search.duration_minutes=1"]
+    vcluster.exec("login", [*as_all, *command], cwd=cluster_work, env=on_path(cluster_work), timeout=120)
+    job = json.loads((out / "slurm" / "jobs.json").read_text())["aiperf"]
+    waited = vcluster.exec(
+        "login",
+        ["sbatch", "--wait", f"--dependency=afterany:{job}", f"--output={cluster_work}/wait.out", "--wrap=true"],
+        check=False,
+        timeout=RUN_TIMEOUT_S,
+    )
+    said = (out / "slurm" / f"aiperf-{job}.out").read_text()
+    assert waited.returncode == 0, said[-3000:]
+    script = (out / "slurm" / "aiperf.sbatch").read_text()
+    image = image_work / "mlhpc.sif"
+    assert f"srun --kill-on-bad-exit=0 --no-kill apptainer exec --bind={out},{data} {image} mlhpc run" in script
+    assert said.count("Converting SIF file to temporary sandbox") == 3, said[-3000:]  # 2 nodes and the check
+    score = json.loads((out / "slurm" / f"check-{job}.json").read_text())
+    assert score["nodes"] == 2 and score["final"]["score"] > 0, said[-3000:]
+    nodes = {
+        json.loads(line)["node"]
+        for log in (out / "aiperf").glob("trials/*/epochs.jsonl")
+        for line in log.read_text().splitlines()
+        if line.endswith("}")
+    }
+    assert nodes == {"node01", "node02"}, said[-3000:]

@@ -50,7 +50,7 @@ def refuse_ungrouped(request: pytest.FixtureRequest) -> None:
     tests marked `xdist_group` by a `@group` it appends to their ids, which pytest 9.2 no longer
     lets it write (pytest-xdist#1386): spread over the workers, each would build its own container
     image (minutes and gigabytes each) and their containers would fill the disk together."""
-    if not request.config.getvalue("loadgroup"):  # set on xdist's workers under --dist loadgroup only
+    if not getattr(request.config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup only
         return
     module = request.node.path
     lost = [item.nodeid for item in request.session.items if item.path == module and "@" not in item.nodeid]
