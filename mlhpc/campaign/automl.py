@@ -25,6 +25,7 @@ from mlhpc.common.errors import ConfigError
 
 if TYPE_CHECKING:
     from mlhpc.campaign.prepare import Prepared
+    from mlhpc.campaign.slurm_graph import SlurmResources
 
 DATA_WAIT_S = 3600.0
 SCORE_GRACE_S = 3.0
@@ -214,7 +215,7 @@ def _submit(args: argparse.Namespace, prepared: Prepared, seed: int) -> int:
     return 0
 
 
-def _mlhpc_in_job(resources: Any, folders: tuple[Path, ...]) -> tuple[list[str], list[str]]:
+def _mlhpc_in_job(resources: SlurmResources, folders: tuple[Path, ...]) -> tuple[list[str], list[str]]:
     """How the job calls mlhpc: for every node's ranks (after `srun [options]`), and for the check
     (a whole command). Without --container, the submitting Python's; with it, the image's, with
     --out and --data bound at their own paths (a run's trials read --data on the shared file system:
@@ -225,10 +226,8 @@ def _mlhpc_in_job(resources: Any, folders: tuple[Path, ...]) -> tuple[list[str],
         return python, python
     from dataclasses import replace
 
-    kept: list[Path] = []
-    for folder in sorted(set(folders)):
-        if not any(folder.is_relative_to(k) for k in kept):
-            kept.append(folder)
-    container = replace(resources.container, binds=tuple(str(k) for k in kept))
+    from mlhpc.campaign.containers import outermost
+
+    container = replace(resources.container, binds=tuple(outermost(list(folders))))
     node = [*container.words(gpus=resources.gpus), "mlhpc"]
     return node, ["srun", "--ntasks=1", *container.words(gpus=False), "mlhpc"]

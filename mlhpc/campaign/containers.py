@@ -66,6 +66,15 @@ class Container:
         return ["ch-run", "--set-env", *(f"--bind={path}" for path in binds), self.image, "--"]
 
 
+def outermost(folders: list[Path]) -> list[str]:
+    """`folders` to bind, each once: one inside another is bound with it."""
+    kept: list[Path] = []
+    for folder in sorted(set(folders)):
+        if not any(folder.is_relative_to(k) for k in kept):
+            kept.append(folder)
+    return [str(k) for k in kept]
+
+
 def container_for(image: str | None, runtime: str | None, binds: tuple[str, ...]) -> Container | None:
     """The container of --container IMAGE with --container-runtime, or the runtime the image's
     name says (a .sif: Apptainer, else Singularity where only that is on PATH; a .sqsh: pyxis);

@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mlhpc.campaign.containers import LOCAL_DIR, container_for
+from mlhpc.campaign.containers import LOCAL_DIR, container_for, outermost
 from mlhpc.campaign.io import campaign_request, plan_out, record_plan
 from mlhpc.campaign.options import RunOptions, check_options, check_planned
 from mlhpc.campaign.plan import CampaignPlan, CampaignRequest
@@ -43,10 +43,7 @@ def bound_folders(opts: RunOptions, plan: CampaignPlan) -> tuple[str, ...]:
     (the submission, the generated data, the logs), --data, --campaign's folder and the node-local
     folder (--local-dir, else as the job finds it)."""
     folders = [plan.out, plan.data, *([opts.campaign.parent] if opts.campaign else [])]
-    kept: list[str] = []
-    for folder in sorted({Path(f).resolve() for f in folders}):
-        if not any(folder.is_relative_to(k) for k in map(Path, kept)):
-            kept.append(str(folder))
+    kept = outermost([Path(f).resolve() for f in folders])
     return (*kept, str(Path(opts.local_dir).resolve()) if opts.local_dir else LOCAL_DIR)
 
 

@@ -41,7 +41,9 @@ DETECT = (
 )
 OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
-pytestmark = pytest.mark.distributed
+# One worker runs the module: its Slurm fixture reuses a munged another worker started, and that
+# worker's teardown would stop it mid-test (seen under load: "Munge encode failed").
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("host-slurm")]
 
 
 def run(

@@ -44,7 +44,6 @@ def ci_order(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
-
 def refuse_ungrouped(request: pytest.FixtureRequest) -> None:
     """Fail a module fixture whose tests `--dist loadgroup` did not keep together. xdist groups the
     tests marked `xdist_group` by a `@group` it appends to their ids, which pytest 9.2 no longer
