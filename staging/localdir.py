@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Mapping
@@ -162,8 +163,10 @@ def remove_stale_stage_dirs(root: Path, prefix: str = STAGE_PREFIX) -> list[Path
         trash = folder.name.endswith(TRASH_SUFFIX)
         owner = _read_owner(folder / STAGE_OWNER)
         if owner is None:
-            # trash: the marker went last; claiming: a claim killed before its marker. Either way
-            # an empty folder is all that can be left (rmdir only: it removes nothing else).
+            # trash: the marker went last; claiming: a claim killed before its marker (with, at
+            # most, the marker's own temporary). Either way rmdir only: it removes nothing else.
+            if folder.name.endswith(CLAIMING_SUFFIX):
+                _remove_dead_marker_temporaries(folder)
             if trash or folder.name.endswith(CLAIMING_SUFFIX):
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
@@ -174,6 +177,34 @@ def remove_stale_stage_dirs(root: Path, prefix: str = STAGE_PREFIX) -> list[Path
             removed.append(folder)
             log.info("removed %s, left by pid %s", shown(folder), owner["pid"])
     return removed
+
+
+def _remove_dead_marker_temporaries(claiming: Path) -> None:
+    """Remove the marker temporaries (`.mlhpc_stage_owner.json.*.tmp`, atomic_write_text's) that
+    a claim killed inside its write left in an unmarked `.claiming` folder: this user's small
+    plain files, either empty (killed before its one write) or naming an owner that is gone.
+    Anything else in the folder keeps it. A live claim whose empty temporary goes with it fails
+    its rename and claims again (claim_stage_dir tries three times)."""
+    prefix, suffix = STAGE_OWNER + ".", ".tmp"
+    try:
+        with os.scandir(claiming) as listing:
+            temporaries = [e for e in listing if e.name.startswith(prefix) and e.name.endswith(suffix)]
+    except OSError:
+        return
+    for entry in temporaries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > OWNER_MAX_BYTES:
+                continue
+            if info.st_size:
+                data, _ = read_bytes_stat(
+                    Path(entry.path), OWNER_MAX_BYTES, what="a staging owner file", follow=False
+                )
+                if not _owner_gone(_checked_owner(safe_json.loads(data, dict), info.st_uid)):
+                    continue
+            os.unlink(entry.path)
+        except (OSError, ValueError):
+            continue  # unreadable, not an owner, or gone already: the folder stays unless empty
 
 
 def _stage_folders(root: Path, prefix: str = STAGE_PREFIX) -> list[Path]:
@@ -275,7 +306,7 @@ def _boot_id() -> str | None:
 def _start_ticks(pid: int) -> int | None:
     """When `pid` started, in clock ticks since boot (Linux's /proc/<pid>/stat, field 22)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
+        line = Path(f"/proc/{pid}/stat").read_text()
+        return int(line.rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None

@@ -312,9 +312,54 @@ def test_a_claim_is_made_whole_and_one_killed_before_its_marker_is_swept(
     not_provable = tmp_path / "mlhpc-stage-cosmoflow-b.claiming"
     not_provable.mkdir()
     (not_provable / "something").write_bytes(b"x")
+    # Killed inside the marker's write: its temporary is empty, or names an owner now gone.
+    here = {"host": socket.gethostname(), "pid_namespace": os.readlink("/proc/self/ns/pid")}
+    killed_in_write = tmp_path / "mlhpc-stage-cosmoflow-c.claiming"
+    killed_in_write.mkdir()
+    (killed_in_write / f"{STAGE_OWNER}.k1ll3d.tmp").write_bytes(b"")
+    (killed_in_write / f"{STAGE_OWNER}.f1n1sh.tmp").write_text(json.dumps({**here, "pid": dead_pid()}))
+    live_in_write = tmp_path / "mlhpc-stage-cosmoflow-d.claiming"  # its owner lives: kept
+    live_in_write.mkdir()
+    (live_in_write / f"{STAGE_OWNER}.l1v3.tmp").write_text(json.dumps({**here, "pid": os.getpid()}))
     assert remove_stale_stage_dirs(tmp_path) == []
     assert not killed_early.exists() and not_provable.is_dir() and claimed.is_dir()
+    assert not killed_in_write.exists() and live_in_write.is_dir()
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
+
+
+CLAIM_LOOP = """
+import sys
+from pathlib import Path
+from mlhpc.staging.localdir import claim_stage_dir, remove_claimed_dir
+root = Path(sys.argv[1])
+print("ready", flush=True)
+for i in range(10**9):
+    folder = root / f"mlhpc-stage-cosmoflow-{i}"
+    claim_stage_dir(folder, root / "out")
+    remove_claimed_dir(folder)
+"""
+
+
+def test_a_claim_killed_at_any_point_leaves_nothing_the_next_sweep_cannot_remove(tmp_path: Path) -> None:
+    """SIGKILL a process that claims and removes folders in a loop, at points drawn at random: in
+    its mkdir, inside the marker's write (a temporary), before its rename, in the removal. Each
+    time the next sweep leaves the folder empty."""
+    seed = random.randrange(2**32)
+    draw = random.Random(seed)
+    for kill in range(8):
+        looping = subprocess.Popen(
+            [sys.executable, "-c", CLAIM_LOOP, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+        assert looping.stdout is not None and looping.stdout.readline() == "ready\n", looping.communicate()
+        time.sleep(draw.uniform(0.0, 0.3))
+        looping.kill()
+        looping.communicate()
+        remove_stale_stage_dirs(tmp_path)
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == [], f"seed {seed}, kill {kill}: {left}"
 
 
 @pytest.mark.slow
