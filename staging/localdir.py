@@ -241,8 +241,6 @@ def _read_owner(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        if not os.path.lexists(path):  # gone since the listing (renamed by its claim, or removed): silent
-            return None
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         log.warning("%s: %s; left alone (remove its folder yourself if no run uses it)", shown(path), why)
         return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-RefusalKind = Literal["unreadable", "not-a-file", "too-big", "link-out", "link-loop"]
+RefusalKind = Literal["missing", "unreadable", "not-a-file", "too-big", "link-out", "link-loop"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,14 @@ def refusal(path: Path | str, max_bytes: int | None = None, *, what: str = "such
     try:
         info = os.stat(path)
     except OSError as e:
-        return Refusal("unreadable", f"cannot read the file: {e.strerror or e}", "make it a readable file")
+        return _stat_refusal(e)
     return _judge(info, max_bytes, what)
+
+
+def _stat_refusal(error: OSError) -> Refusal:
+    """A name that cannot be stat'ed: "missing" (not there) is told apart, for `_open_fd`."""
+    kind: RefusalKind = "missing" if error.errno == errno.ENOENT else "unreadable"
+    return Refusal(kind, f"cannot read the file: {error.strerror or error}", "make it a readable file")
 
 
 def link_out(path: Path | str, root: Path | str, *, outside: str | None = None) -> str | None:
@@ -102,8 +108,12 @@ def judge(
 
 
 def _open_fd(path: Path | str, max_bytes: int | None, what: str, *, follow: bool = True) -> int:
+    """A descriptor of the regular file `path`; RefusedFile for what must not be read, and
+    FileNotFoundError, as `open` gives, for a name that is not there (a caller may expect that)."""
     refused = refusal(path, max_bytes, what=what) if follow else _lrefusal(path, max_bytes, what)
     if refused is not None:
+        if refused.kind == "missing":
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
         raise RefusedFile(path, refused)
     # Non-blocking: if the name became a FIFO since the stat, open returns instead of waiting.
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
@@ -129,7 +139,7 @@ def _lrefusal(path: Path | str, max_bytes: int | None, what: str) -> Refusal | N
     try:
         info = os.lstat(path)
     except OSError as e:
-        return Refusal("unreadable", f"cannot read the file: {e.strerror or e}", "make it a readable file")
+        return _stat_refusal(e)
     if stat.S_ISLNK(info.st_mode):
         return Refusal("not-a-file", "a symbolic link", "remove the link")
     return _judge(info, max_bytes, what)

@@ -166,6 +166,24 @@ def test_safe_read_never_opens_a_fifo_for_reading(tmp_path: Path) -> None:
     assert safe_read.read_bytes(big, 11) == b"x" * 11
 
 
+def test_safe_read_says_file_not_found_for_a_missing_name(tmp_path: Path) -> None:
+    """A name that is not there is FileNotFoundError, as `open` gives, followed or not: a caller
+    that expects a file to vanish (a neighbour's marker, renamed) tells that from a bad file."""
+    missing = tmp_path / "gone"
+    with pytest.raises(FileNotFoundError):
+        safe_read.read_bytes(missing, 10)
+    with pytest.raises(FileNotFoundError):
+        safe_read.read_bytes_stat(missing, 10, follow=False)
+    with pytest.raises(FileNotFoundError):
+        safe_read.open_text(tmp_path / "no-folder" / "f")
+    assert safe_read.refusal(missing).kind == "missing"
+    (tmp_path / "dangling").symlink_to(missing)
+    with pytest.raises(safe_read.RefusedFile, match="a symbolic link"):
+        safe_read.read_bytes_stat(tmp_path / "dangling", 10, follow=False)
+    with pytest.raises(FileNotFoundError):
+        safe_read.read_bytes(tmp_path / "dangling", 10)  # followed: its target is missing
+
+
 def test_a_full_result_log_is_one_error_and_leaves_nothing(tmp_path: Path) -> None:
     result = tmp_path / "result_0.txt"
     (tmp_path / f".result_0.txt.{os.getpid()}.tmp").symlink_to("/dev/full")  # every write: ENOSPC
