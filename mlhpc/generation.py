@@ -52,11 +52,13 @@ def generate_dataset(
     reuse_complete: bool,
     not_ours_fix: str,
     size: SizeCheck | None = None,
+    wait_s: float = 0.0,
 ) -> bool:
     """Make `data_dir` a dataset written by `write(data_dir)`, with its manifest; False when a
     finished one was reused. A folder mlhpc did not make is a DataError ending in `not_ours_fix`.
     With `size`, a dataset that does not fit or was not asked for is refused before anything is
-    written (see `check_room`), and a generation lasting more than a few seconds shows progress."""
+    written (see `check_room`), and a generation lasting more than a few seconds shows progress.
+    Another process generating it is waited for up to `wait_s` seconds, then is a FolderBusy."""
     data_dir = Path(data_dir)
     if size is not None:
         check_size(data_dir, size, reuse_complete=reuse_complete)
@@ -65,7 +67,7 @@ def generate_dataset(
         _refuse_foreign(data_dir, not_ours_fix)
     busy_fix = "wait for that generation to finish, or pass another folder"
     with (
-        folder_lock(data_dir, "generating a dataset", busy_fix),
+        folder_lock(data_dir, "generating a dataset", busy_fix, wait_s=wait_s),
         GenerationProgress(data_dir, size.expected if size is not None else None),
     ):
         return _generate_locked(data_dir, write, reuse_complete=reuse_complete, not_ours_fix=not_ours_fix)

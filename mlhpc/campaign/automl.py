@@ -125,28 +125,21 @@ def _ensure_data(prepared: Prepared, seed: int) -> Path:
     """The config's synthetic dataset (generated once into --out/datasets, reused after); the
     nodes that find another generating it wait for it."""
     from mlhpc.common.contract import registry
-    from mlhpc.common.safeio.locks import FolderBusy
     from mlhpc.generation import generate_dataset
 
     folder = prepared.generated_dir
     assert folder is not None
     bench = registry.get("aiperf")
     cfg = prepared.resolved.cfg
-    waited_until = time.monotonic() + DATA_WAIT_S
-    while True:
-        try:
-            generate_dataset(
-                folder,
-                lambda out: bench.generate(cfg, out, seed=seed),
-                reuse_complete=True,
-                not_ours_fix=f"pass --data {folder} to search on them, or move it away",
-                size=prepared.size,
-            )
-            return folder
-        except FolderBusy:
-            if time.monotonic() > waited_until:
-                raise
-            time.sleep(1.0)
+    generate_dataset(
+        folder,
+        lambda out: bench.generate(cfg, out, seed=seed),
+        reuse_complete=True,
+        not_ours_fix=f"pass --data {folder} to search on them, or move it away",
+        size=prepared.size,
+        wait_s=DATA_WAIT_S,
+    )
+    return folder
 
 
 def _run_instances(args: argparse.Namespace, count: int, seed: int) -> int:

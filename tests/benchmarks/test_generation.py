@@ -214,3 +214,39 @@ def test_a_generation_under_way_in_another_process_is_refused_not_removed(tmp_pa
         assert tree(data, skip={LOCK_NAME}) == before and len(before) == 2
     assert generate_dataset(data, write_two, reuse_complete=True, not_ours_fix=FIX)  # then it is a killed one's
     assert set(tree(data, skip={LOCK_NAME})) == {"train/a.bin", "b.bin", MANIFEST_NAME, DATASET_COMPLETE}
+
+
+GENERATING_SLOWLY = """
+import sys
+from pathlib import Path
+from mlhpc.generation import generate_dataset
+
+def write_when_told(folder: Path) -> None:
+    print("held", flush=True)
+    sys.stdin.read()
+    (folder / "made-elsewhere.bin").write_bytes(b"e" * 5)
+
+generate_dataset(Path(sys.argv[1]), write_when_told, reuse_complete=False, not_ours_fix="")
+"""
+
+
+def test_a_waiting_generator_reuses_the_dataset_another_process_finishes(tmp_path: Path) -> None:
+    """AIPerf's nodes share one generated dataset: the node that finds another generating it waits
+    (wait_s) and then reuses what that one finished, generating nothing itself."""
+    import threading
+
+    from tests.helpers.processes import held_by_another_process
+
+    data = tmp_path / "data"
+    generating = held_by_another_process(GENERATING_SLOWLY, str(data))
+    generating.__enter__()
+    finishing = threading.Timer(0.5, generating.__exit__, (None, None, None))
+    finishing.start()
+    try:
+        reused = not generate_dataset(
+            data, lambda folder: pytest.fail("generated again"), reuse_complete=True, not_ours_fix=FIX, wait_s=60
+        )
+    finally:
+        finishing.join()
+    assert reused
+    assert set(tree(data, skip={LOCK_NAME})) == {"made-elsewhere.bin", MANIFEST_NAME, DATASET_COMPLETE}
