@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlhpc.common.cluster.distributed import DistContext, init_distributed
 from mlhpc.common.contract.catalog import Target
 from mlhpc.common.training.progress import Progress, clock, epoch_line, seed_line
-from tests.helpers.toy_benchmark import make_config, run_toy
+from tests.helpers.toy_benchmark import TOY, make_config, run_toy
 
 
 @pytest.fixture(scope="module")
@@ -230,12 +233,18 @@ def test_the_loop_says_still_training_within_each_epoch(
 ) -> None:
     from mlhpc.common.training import progress as progress_module
 
-    monkeypatch.setattr(progress_module, "HEARTBEAT_S", 0.0005)
+    def slow_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        time.sleep(0.01)  # 8 steps: an epoch of 80 ms or more, 16 heartbeats long, on any machine
+        return TOY.compute_loss(model, batch)
+
+    monkeypatch.setattr(progress_module, "HEARTBEAT_S", 0.005)
     out = io.StringIO()
     run_toy(
-        make_config(max_epochs=2), ctx, tmp_path / "result_0.txt", progress=Progress(enabled=True, stream=out)
+        make_config(max_epochs=2),
+        ctx,
+        tmp_path / "result_0.txt",
+        bench=dataclasses.replace(TOY, compute_loss=slow_step),
+        progress=Progress(enabled=True, stream=out),
     )
     beats = [line for line in out.getvalue().splitlines() if "still training" in line]
-    assert {line.split("  still")[0] for line in beats} <= {"epoch  1/2", "epoch  2/2"} and beats, (
-        out.getvalue()
-    )
+    assert {line.split("  still")[0] for line in beats} == {"epoch  1/2", "epoch  2/2"}, out.getvalue()
