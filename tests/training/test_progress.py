@@ -209,14 +209,12 @@ def test_where_resuming_means_nothing_the_line_stays_bare() -> None:
 
 
 def test_a_long_epoch_says_it_is_still_training_and_a_short_one_says_nothing() -> None:
-    import time
-
     out = io.StringIO()
     progress = Progress(enabled=True, stream=out)
     with progress.heartbeat("epoch  1/20", every_s=0.05):
         time.sleep(0.28)
     lines = out.getvalue().splitlines()
-    assert 3 <= len(lines) <= 6, lines
+    assert 2 <= len(lines) <= 6, lines  # 5 on time; a loaded machine may wake the beat late, never early
     assert all(line.startswith("epoch  1/20  still training, 0:00 in") for line in lines), lines
     out.truncate(0)
     out.seek(0)
