@@ -17,10 +17,12 @@ import torch
 import torch.distributed as dist
 
 from mlhpc.benchmarks.aiperf.experiment import node_from_env
+from mlhpc.common.cluster.group import join_group, shutdown_distributed
 from mlhpc.common.cluster.launch import LaunchInfo, detect_launch
 
 NODE_PORT_OFFSET = 17
-"""The node group's port: the launch's master port plus this, on the node's own loopback."""
+"""The node group's port when the launch spans nodes: the launch's master port plus this, on the
+node's own loopback (srun's master port is mlhpc's, below the ephemeral range, and so is this)."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,15 @@ def join_node(device: str = "auto", launch: LaunchInfo | None = None) -> NodeGro
     dev = torch.device("cuda", launch.local_rank % max(torch.cuda.device_count(), 1)) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
-    if local_size > 1:
+    backend = "nccl" if cuda else "gloo"
+    if local_size > 1 and launch.world_size == local_size:
+        # The launch is this one node (torchrun --standalone, srun on one node): its own rendezvous,
+        # torchrun's store or rank 0's at the port the launcher chose. A second port derived from
+        # it (below) may be any socket's on a busy machine: torchrun picks an ephemeral port.
+        join_group(backend, launch.master_addr, launch.master_port, launch.rank, local_size, local_size)
+    elif local_size > 1:
         dist.init_process_group(
-            "nccl" if cuda else "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{launch.master_port + NODE_PORT_OFFSET}",
             rank=launch.local_rank,
             world_size=local_size,
@@ -95,5 +103,5 @@ def join_node(device: str = "auto", launch: LaunchInfo | None = None) -> NodeGro
 
 
 def leave_node(group: NodeGroup) -> None:
-    if group.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+    if group.distributed:
+        shutdown_distributed()  # the heartbeat join_group started, if any, then the group

@@ -52,7 +52,7 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("aiperf") / "out"
     proc = mlhpc("run", "aiperf", "--config", "mini", "--out", out, "--instances", "2", "--first-seed", "7",
                  *SHORT, timeout=400)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]  # a str: shown whole
     assert "valid: best top-1" in proc.stdout
     yield out
     shutil.rmtree(out, ignore_errors=True)
@@ -134,7 +134,7 @@ def test_a_node_of_two_ranks_trains_its_trial_data_parallel(tmp_path: Path) -> N
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "mlhpc",
             "run", "aiperf", "--config", "mini", "--out", str(out), "--first-seed", "3", *SHORT]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=cli_env())
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]  # a str: shown whole
     lines = [json.loads(line) for p in out.glob("aiperf/trials/*/epochs.jsonl") for line in p.read_text().splitlines()]
     assert lines and {line["node_index"] for line in lines} == {0}
     assert len(lines) == len({(line["trial"], line["round"], line["epoch"]) for line in lines})  # logged once

@@ -153,7 +153,7 @@ def test_srun_apptainer_exec_trains_with_ddp_across_two_hosts(
     proc = vcluster.exec(
         "login", [*srun, *inside, *command], cwd=cluster_work, env=env, check=False, timeout=RUN_TIMEOUT_S
     )
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-12000:])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-12000:]  # a str: shown whole
     (result,) = list((out / "mlhpc" / "results").glob("*/strong/cosmoflow/result_0.txt"))
     assert_success(result, seed=7, nodes=2)
     # Rank 0 names where it staged; each node's folder was written (the copy is removed at the end).

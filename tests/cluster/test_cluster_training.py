@@ -236,7 +236,7 @@ def test_a_two_seed_campaign_under_srun_ends_0_on_every_rank(
     command = ["mlhpc", "run", "cosmoflow", "--config", "mini", "--seeds", "2", "--first-seed", "41"]
     command += ["--out", str(work / "short"), "--data", str(target_data), "--local-dir", local, *TO_TARGET]
     proc = vcluster.exec("login", [*srun, *command], cwd=work, check=False, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]  # a str: shown whole
     assert re.search(r"2 of \d+ runs: not yet a scoreable entry", proc.stdout), proc.stdout[-2000:]
     assert "srun: error" not in proc.stderr, proc.stderr[-3000:]
 
