@@ -1,8 +1,9 @@
 """A node's ranks: AIPerf runs one trial a node, data parallel over the node's ranks only.
 
-Each node's ranks join a process group of their own (its rendezvous on the node's loopback), never
-one spanning nodes: a node that is lost takes its own trial with it and no other node's
-collectives, and the nodes coordinate only through the study's journal file.
+Each node's ranks join a process group of their own (its rendezvous on the node's loopback, or the
+launch's own when the launch is this one node), never one spanning nodes: a node that is lost
+takes its own trial with it and no other node's collectives, and the nodes coordinate only
+through the study's journal file.
 """
 
 from __future__ import annotations
