@@ -194,17 +194,16 @@ def _remove_dead_marker_temporaries(claiming: Path) -> None:
     for entry in temporaries:
         try:
             info = entry.stat(follow_symlinks=False)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > OWNER_MAX_BYTES:
+        except OSError:
+            continue  # gone already
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        if info.st_size:  # whole (one write): read as the marker it was to become
+            owner = _read_owner(Path(entry.path))
+            if owner is None or not _owner_gone(owner):
                 continue
-            if info.st_size:
-                data, _ = read_bytes_stat(
-                    Path(entry.path), OWNER_MAX_BYTES, what="a staging owner file", follow=False
-                )
-                if not _owner_gone(_checked_owner(safe_json.loads(data, dict), info.st_uid)):
-                    continue
+        with contextlib.suppress(OSError):
             os.unlink(entry.path)
-        except (OSError, ValueError):
-            continue  # unreadable, not an owner, or gone already: the folder stays unless empty
 
 
 def _stage_folders(root: Path, prefix: str = STAGE_PREFIX) -> list[Path]:
